@@ -1,0 +1,269 @@
+"""Reading and writing DBN files as numpy record arrays, plain or zstd-compressed.
+
+A DBN stream is `b"DBN"`, a version byte, a little-endian u32 length, the metadata, then
+fixed-size records. `databento_dbn.Metadata` encodes and decodes the metadata; the records are
+read in chunks straight into numpy arrays with the dtypes of `foxhunt.dbn.layout`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+import databento_dbn as dbn
+import numpy as np
+import zstandard
+
+from foxhunt.dbn.layout import SCHEMAS, SUPPORTED_VERSIONS, SchemaLayout
+
+DBN_MAGIC = b"DBN"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+# Legacy DBZ files start with a zstd skippable frame (magic 0x184D2A50..0x184D2A5F).
+SKIPPABLE_MAGIC_LOW = 0x184D2A50
+
+
+class DbnFormatError(ValueError):
+    """A DBN file breaks a rule. The message names the file, where, and the rule."""
+
+    def __init__(self, path: os.PathLike | str, rule: str, where: str = "") -> None:
+        self.path = str(path)
+        self.rule = rule
+        self.where = where
+        loc = f" at {where}" if where else ""
+        super().__init__(f"{self.path}{loc}: {rule}")
+
+
+@dataclass(frozen=True)
+class DbnHeader:
+    metadata: dbn.Metadata
+    version: int
+    schema: str
+    layout: SchemaLayout
+    dtype: np.dtype
+    header_bytes: int
+    compressed: bool
+
+    def instrument_symbols(self) -> dict[int, str]:
+        """instrument_id -> input symbol from the metadata's symbology mappings."""
+        out: dict[int, str] = {}
+        for raw_symbol, intervals in (self.metadata.mappings or {}).items():
+            for iv in intervals:
+                sym = iv["symbol"] if isinstance(iv, dict) else iv.symbol
+                if sym and str(sym).isdigit():
+                    out[int(sym)] = raw_symbol
+        return out
+
+
+def _open_decompressed(path: Path) -> tuple[BinaryIO, bool]:
+    f = open(path, "rb")  # noqa: SIM115 - returned to the caller, which closes it
+    head = f.read(4)
+    f.seek(0)
+    if head == ZSTD_MAGIC:
+        reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
+        return reader, True
+    if len(head) == 4 and SKIPPABLE_MAGIC_LOW <= struct.unpack("<I", head)[0] <= SKIPPABLE_MAGIC_LOW + 15:
+        f.close()
+        raise DbnFormatError(
+            path,
+            "unsupported encoding: legacy DBZ (zstd skippable-frame metadata); "
+            "convert it with `dbn --upgrade` or download it again as DBN",
+            "byte 0",
+        )
+    return f, False
+
+
+def _read_exact(stream: BinaryIO, n: int, path: Path) -> bytes:
+    parts = []
+    got = 0
+    while got < n:
+        try:
+            b = stream.read(n - got)
+        except zstandard.ZstdError as e:
+            raise DbnFormatError(path, f"corrupt zstd stream: {e}") from None
+        if not b:
+            break
+        parts.append(b)
+        got += len(b)
+    return b"".join(parts)
+
+
+def read_header(stream: BinaryIO, path: Path, compressed: bool) -> DbnHeader:
+    prefix = _read_exact(stream, 8, path)
+    if len(prefix) < 8 or prefix[:3] != DBN_MAGIC:
+        raise DbnFormatError(
+            path,
+            "no DBN metadata header (expected b'DBN' and a version byte): a fragment without "
+            "metadata or not a DBN file",
+            "byte 0",
+        )
+    version = prefix[3]
+    if version not in SUPPORTED_VERSIONS:
+        raise DbnFormatError(path, f"unsupported DBN version {version} (supported: 1, 2, 3)", "byte 3")
+    (length,) = struct.unpack("<I", prefix[4:8])
+    body = _read_exact(stream, length, path)
+    if len(body) < length:
+        raise DbnFormatError(path, f"truncated metadata: {len(body)} of {length} bytes", "byte 8")
+    try:
+        meta = dbn.Metadata.decode(prefix + body)
+    except Exception as e:  # databento_dbn raises its own error types
+        raise DbnFormatError(path, f"corrupt metadata: {e}", "byte 8") from None
+    schema = str(meta.schema) if meta.schema is not None else None
+    if schema not in SCHEMAS:
+        raise DbnFormatError(
+            path,
+            f"unsupported schema {schema!r} in metadata (supported: {', '.join(SCHEMAS)})",
+            "metadata",
+        )
+    layout = SCHEMAS[schema]
+    return DbnHeader(
+        metadata=meta,
+        version=version,
+        schema=schema,
+        layout=layout,
+        dtype=layout.dtype(version, bool(meta.ts_out)),
+        header_bytes=8 + length,
+        compressed=compressed,
+    )
+
+
+def peek_header(path: os.PathLike | str) -> DbnHeader:
+    path = Path(path)
+    stream, compressed = _open_decompressed(path)
+    with stream:
+        return read_header(stream, path, compressed)
+
+
+@dataclass
+class Chunk:
+    records: np.ndarray
+    first_index: int
+    """Index in the file of the chunk's first record."""
+    first_offset: int
+    """Byte offset (in the decompressed stream) of the chunk's first record."""
+
+
+def iter_chunks(
+    path: os.PathLike | str, chunk_records: int = 1 << 18, allow_truncated_tail: bool = False
+) -> tuple[DbnHeader, Iterator[Chunk]]:
+    """The header, and an iterator over the records in chunks of at most `chunk_records`.
+
+    Memory stays bounded by one chunk. A trailing partial record is an error, or with
+    `allow_truncated_tail` it is dropped and reported through `TruncatedTail` at the end.
+    """
+    path = Path(path)
+    stream, compressed = _open_decompressed(path)
+    try:
+        header = read_header(stream, path, compressed)
+    except BaseException:
+        stream.close()
+        raise
+
+    def gen() -> Iterator[Chunk]:
+        itemsize = header.dtype.itemsize
+        index = 0
+        with stream:
+            while True:
+                buf = _read_exact(stream, itemsize * chunk_records, path)
+                whole = len(buf) // itemsize
+                if whole:
+                    arr = np.frombuffer(buf, dtype=header.dtype, count=whole)
+                    yield Chunk(arr, index, header.header_bytes + index * itemsize)
+                    index += whole
+                rest = len(buf) - whole * itemsize
+                if rest:
+                    where = f"record {index} (byte {header.header_bytes + index * itemsize})"
+                    if not allow_truncated_tail:
+                        raise DbnFormatError(
+                            path,
+                            f"truncated file: last record has {rest} of {itemsize} bytes",
+                            where,
+                        )
+                    raise TruncatedTail(path, index, rest, itemsize)
+                if len(buf) < itemsize * chunk_records:
+                    return
+
+    return header, gen()
+
+
+class TruncatedTail(Exception):  # noqa: N818 - a signal, raised after the last whole record
+    def __init__(self, path: Path, index: int, rest: int, itemsize: int) -> None:
+        super().__init__(f"{path}: {rest} trailing bytes of a {itemsize}-byte record at {index}")
+        self.index = index
+        self.rest = rest
+
+
+def encode_metadata(
+    dataset: str,
+    schema: str,
+    start_ns: int,
+    end_ns: int,
+    symbols: dict[str, int],
+    start_date,
+    end_date,
+    stype_in: dbn.SType = dbn.SType.RAW_SYMBOL,
+    version: int = 3,
+) -> bytes:
+    """DBN metadata bytes for a file whose records carry `symbols` (raw symbol -> instrument id)."""
+    from types import SimpleNamespace as NS
+
+    mappings = [
+        NS(raw_symbol=s, intervals=[NS(start_date=start_date, end_date=end_date, symbol=str(i))])
+        for s, i in symbols.items()
+    ]
+    meta = dbn.Metadata(
+        dataset=dataset,
+        start=start_ns,
+        end=end_ns,
+        stype_in=stype_in,
+        stype_out=dbn.SType.INSTRUMENT_ID,
+        schema=dbn.Schema(schema),
+        symbols=list(symbols),
+        partial=[],
+        not_found=[],
+        mappings=mappings,
+        version=version,
+    )
+    return bytes(meta)
+
+
+def write_dbn(path: os.PathLike | str, metadata: bytes, records: np.ndarray | bytes, level: int = 1) -> int:
+    """Write a DBN file atomically (temporary file, then rename); `.zst` names are compressed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    payload = records if isinstance(records, bytes | bytearray | memoryview) else records.data
+    with open(tmp, "wb") as f:
+        if path.suffix == ".zst":
+            cctx = zstandard.ZstdCompressor(level=level)
+            with cctx.stream_writer(f, closefd=False) as w:
+                w.write(metadata)
+                w.write(payload)
+        else:
+            f.write(metadata)
+            f.write(payload)
+    os.replace(tmp, path)
+    return path.stat().st_size
+
+
+def read_all(path: os.PathLike | str) -> tuple[DbnHeader, np.ndarray]:
+    """Every record of a (small) file in one array. Tests and tools; ingest streams."""
+    header, chunks = iter_chunks(path, chunk_records=1 << 30)
+    parts = [c.records for c in chunks]
+    recs = np.concatenate(parts) if parts else np.zeros(0, dtype=header.dtype)
+    return header, recs
+
+
+def raw_bytes(path: os.PathLike | str) -> bytes:
+    """The decompressed stream of a DBN file."""
+    path = Path(path)
+    stream, _ = _open_decompressed(path)
+    with stream:
+        out = io.BytesIO()
+        while b := stream.read(1 << 24):
+            out.write(b)
+    return out.getvalue()

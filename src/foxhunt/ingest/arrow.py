@@ -1,0 +1,62 @@
+"""DBN record arrays -> Arrow tables, keeping prices as exact fixed-point int64."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+
+# u64 nanosecond fields that are timestamps (ts_in_delta is a signed duration, not one).
+TIMESTAMP_FIELDS = {"ts_event", "ts_recv", "ts_out", "expiration", "activation"}
+UNDEF_TIMESTAMP = np.iinfo(np.uint64).max
+TS_TYPE = pa.timestamp("ns", tz="UTC")
+
+# Columns a definition record keeps: enough to know what an instrument is.
+DEFINITION_FIELDS = (
+    "ts_recv",
+    "ts_event",
+    "rtype",
+    "publisher_id",
+    "instrument_id",
+    "raw_symbol",
+    "asset",
+    "security_type",
+    "instrument_class",
+    "exchange",
+    "currency",
+    "min_price_increment",
+    "display_factor",
+    "unit_of_measure_qty",
+    "expiration",
+    "activation",
+    "security_update_action",
+)
+
+
+def _column(name: str, col: np.ndarray) -> pa.Array:
+    if name in TIMESTAMP_FIELDS:
+        raw = np.ascontiguousarray(col)
+        mask = raw == UNDEF_TIMESTAMP
+        arr = pa.array(raw.view(np.int64), type=pa.int64(), mask=mask if mask.any() else None)
+        return arr.cast(TS_TYPE)
+    if col.dtype.kind == "S":
+        width = col.dtype.itemsize
+        if width == 1:
+            # One ASCII character (action, side, flags-like enums): a fixed-size binary view,
+            # cast to string without a Python round trip.
+            buf = pa.py_buffer(np.ascontiguousarray(col).tobytes())
+            return pa.Array.from_buffers(pa.binary(1), len(col), [None, buf]).cast(pa.string())
+        # NUL-padded C strings (symbols): decoded per value, only for definition records.
+        return pa.array([v.decode("ascii", "replace") for v in col.tolist()], type=pa.string())
+    return pa.array(np.ascontiguousarray(col))
+
+
+def to_table(recs: np.ndarray, schema: str) -> pa.Table:
+    names = recs.dtype.names
+    if schema == "definition":
+        names = tuple(n for n in DEFINITION_FIELDS if n in names)
+    else:
+        names = tuple(n for n in names if n != "length" and not n.startswith("_"))
+    # Databento's own frames lead with the index timestamp; so does ours.
+    if "ts_recv" in names:
+        names = ("ts_recv", *[n for n in names if n != "ts_recv"])
+    return pa.table({n: _column(n, recs[n]) for n in names})

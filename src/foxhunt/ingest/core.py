@@ -1,0 +1,431 @@
+"""`foxhunt ingest`: DBN files -> validated, Hive-partitioned Parquet plus a manifest.
+
+Output layout (`out`, the ingested-data directory on the data volume):
+
+    schema=mbp-10/symbol=ESH4/date=2024-01-02/part-00003-0000.parquet
+    schema=trades/...   schema=ohlcv-1m/...   schema=definition/...
+    quarantine/schema=.../file=<input>.parquet        (only with --on-error quarantine)
+    manifest.json
+
+Prices stay fixed-point int64 (1e-9 units), `ts_event`/`ts_recv` are UTC nanosecond timestamps,
+and instrument ids map to symbols through the definition records when there are any, else the
+files' symbology mappings. A run writes into a staging directory and swaps it in at the end, so
+a failed run leaves the previous output as it was. A rerun over unchanged inputs does nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from foxhunt import __version__
+from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks
+from foxhunt.dbn.layout import SCHEMAS
+from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic
+from foxhunt.ingest.arrow import to_table
+from foxhunt.ingest.validate import StreamState, check_chunk
+
+log = logging.getLogger(__name__)
+
+NS_PER_DAY = 86_400_000_000_000
+MANIFEST = "manifest.json"
+DBN_SUFFIXES = (".dbn", ".dbn.zst")
+
+
+class IngestError(RuntimeError):
+    """Ingest stopped; the message names the file, the record and the rule."""
+
+
+@dataclass
+class IngestConfig:
+    """Validate DBN files (or download them from Databento) into partitioned Parquet."""
+
+    raw: Path = Path("data/raw")
+    """Directory of DBN files (.dbn, .dbn.zst), searched recursively: the raw-data volume."""
+    out: Path = Path("data/ingested")
+    """Output directory for the Parquet dataset and its manifest.json."""
+    schemas: tuple[str, ...] = ()
+    """Only ingest these schemas (default: every supported schema found)."""
+    on_error: Literal["fail", "quarantine"] = "fail"
+    """On a bad record: 'fail' stops with an error; 'quarantine' sets it aside and counts it."""
+    chunk_records: int = 1 << 17
+    """Records decoded per chunk: bounds memory whatever the file size."""
+    workers: int = 0
+    """Files ingested in parallel (0: one per CPU core)."""
+    force: bool = False
+    """Ingest even if the inputs and settings are unchanged since the last run."""
+    download: bool = False
+    """First download missing files from Databento (needs DATABENTO_API_KEY)."""
+    dataset: str = "GLBX.MDP3"
+    """Databento dataset to download from."""
+    symbols: tuple[str, ...] = ("ES.FUT",)
+    """Symbols to download: raw (ESH4), parent (ES.FUT) or continuous (ES.c.0)."""
+    stype_in: Literal["raw_symbol", "parent", "continuous", "instrument_id"] = "parent"
+    """Symbology type of `symbols`."""
+    download_schemas: tuple[str, ...] = ("mbp-10", "trades", "ohlcv-1m", "definition")
+    """Schemas to download."""
+    start: dt.date | None = None
+    """First day to download (inclusive)."""
+    end: dt.date | None = None
+    """Last day to download (exclusive)."""
+    max_cost: float = 10.0
+    """Refuse a download whose quoted cost (USD, metadata.get_cost) exceeds this."""
+
+    def __post_init__(self) -> None:
+        bad = set(self.schemas) - set(SCHEMAS)
+        if bad:
+            raise ValueError(f"unknown schema(s) {sorted(bad)}; supported: {', '.join(SCHEMAS)}")
+        if self.chunk_records < 1:
+            raise ValueError("chunk_records must be positive")
+
+    def identity(self) -> dict:
+        """The settings that change the output (not where it goes or how fast)."""
+        return {"schemas": sorted(self.schemas), "on_error": self.on_error, "version": __version__}
+
+
+@dataclass
+class FileReport:
+    path: str
+    schema: str
+    version: int
+    records: int = 0
+    written: int = 0
+    quarantined: dict[str, int] = field(default_factory=dict)
+    partitions: dict[str, int] = field(default_factory=dict)
+    bytes_in: int = 0
+    digest: str = ""
+    size: int = 0
+    mtime_ns: int = 0
+
+
+@dataclass
+class IngestResult:
+    out: Path
+    files: list[FileReport] = field(default_factory=list)
+    skipped: bool = False
+    seconds: float = 0.0
+    downloaded: list[Path] = field(default_factory=list)
+
+    @property
+    def records(self) -> int:
+        return sum(f.records for f in self.files)
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"ingest: inputs unchanged since the last run; {self.out} is up to date (no work)"
+        by_schema: dict[str, int] = defaultdict(int)
+        quarantined = 0
+        for f in self.files:
+            by_schema[f.schema] += f.written
+            quarantined += sum(f.quarantined.values())
+        rate = self.records / self.seconds if self.seconds else 0.0
+        parts = ", ".join(f"{s} {n:,}" for s, n in sorted(by_schema.items()))
+        q = f"; {quarantined:,} records quarantined" if quarantined else ""
+        return (
+            f"ingested {len(self.files)} files ({parts} records) into {self.out} in "
+            f"{self.seconds:.1f} s ({rate / 1e6:.2f} M records/s){q}"
+        )
+
+
+def find_inputs(raw: Path, schemas: tuple[str, ...] = ()) -> list[Path]:
+    """DBN files under `raw`, sorted; hidden (temporary) files are not inputs."""
+    if not raw.is_dir():
+        raise IngestError(f"{raw}: input directory does not exist")
+    files = []
+    for p in sorted(raw.rglob("*")):
+        if not p.is_file() or any(part.startswith(".") for part in p.relative_to(raw).parts):
+            continue
+        name = p.name
+        if name.endswith(".dbz"):
+            raise IngestError(
+                f"{p}: unsupported encoding: legacy DBZ; convert it to DBN (`dbn --upgrade`) "
+                "or download it again"
+            )
+        if not name.endswith(DBN_SUFFIXES):
+            continue
+        if schemas and _schema_from_name(name) not in (None, *schemas):
+            continue
+        files.append(p)
+    return files
+
+
+def _schema_from_name(name: str) -> str | None:
+    """The schema a Databento file name announces (`...YYYYMMDD.mbp-10.dbn.zst`), if any."""
+    stem = name.removesuffix(".zst").removesuffix(".dbn")
+    token = stem.rsplit(".", 1)[-1] if "." in stem else None
+    return token if token in SCHEMAS else None
+
+
+def file_digest(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "blake2b").hexdigest()[:32]
+
+
+# --- one file -------------------------------------------------------------------------------
+
+
+def _symbol_map(header, definitions: dict[int, str]) -> dict[int, str]:
+    """instrument_id -> symbol: contract symbols from definitions win over the metadata's
+    input symbols (which are the parent or continuous symbol for such requests)."""
+    out = header.instrument_symbols()
+    out.update({k: v for k, v in definitions.items()})
+    return out
+
+
+def ingest_file(
+    path: Path, stage: Path, file_no: int, cfg: IngestConfig, definitions: dict[int, str]
+) -> FileReport:
+    quarantine = cfg.on_error == "quarantine"
+    try:
+        header, chunks = iter_chunks(path, cfg.chunk_records, allow_truncated_tail=quarantine)
+    except DbnFormatError as e:
+        raise IngestError(str(e)) from None
+    named = _schema_from_name(path.name)
+    if named is not None and named != header.schema:
+        raise IngestError(
+            f"{path} at metadata: mismatched schema: the file name says {named!r} but the "
+            f"metadata says {header.schema!r}"
+        )
+    if cfg.schemas and header.schema not in cfg.schemas:
+        return FileReport(str(path), header.schema, header.version)
+    rep = FileReport(str(path), header.schema, header.version)
+    symbols = _symbol_map(header, definitions)
+    state = StreamState()
+    bad_parts: list[pa.Table] = []
+    itemsize = header.dtype.itemsize
+    try:
+        for chunk_no, chunk in enumerate(chunks):
+            recs = chunk.records
+            rep.records += len(recs)
+            rep.bytes_in += recs.nbytes
+            keep = np.ones(len(recs), dtype=bool)
+            for rule, mask in check_chunk(recs, header.layout, state):
+                if not quarantine:
+                    i = int(np.flatnonzero(mask)[0])
+                    idx = chunk.first_index + i
+                    raise IngestError(
+                        f"{path} at record {idx} (byte {chunk.first_offset + i * itemsize}, "
+                        f"ts_event {int(recs['ts_event'][i])}, instrument_id "
+                        f"{int(recs['instrument_id'][i])}): {rule}"
+                    )
+                newly = mask & keep
+                rep.quarantined[rule] = rep.quarantined.get(rule, 0) + int(newly.sum())
+                if newly.any():
+                    t = to_table(recs[newly], header.schema)
+                    t = t.append_column("rule", pa.array([rule] * int(newly.sum())))
+                    t = t.append_column(
+                        "record_index", pa.array(chunk.first_index + np.flatnonzero(newly))
+                    )
+                    bad_parts.append(t)
+                keep &= ~mask
+            good = recs if keep.all() else recs[keep]
+            rep.written += len(good)
+            _write_partitions(good, header.schema, symbols, stage, file_no, chunk_no, rep)
+    except TruncatedTail as t:
+        rep.quarantined["truncated final record"] = 1
+        log.warning("%s: dropped a truncated final record (%d bytes) at %d", path, t.rest, t.index)
+    except DbnFormatError as e:
+        raise IngestError(str(e)) from None
+    if bad_parts:
+        q = stage / "quarantine" / f"schema={header.schema}" / f"file={path.name}.parquet"
+        q.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(pa.concat_tables(bad_parts), q)
+    return rep
+
+
+def _write_partitions(
+    recs: np.ndarray,
+    schema: str,
+    symbols: dict[int, str],
+    stage: Path,
+    file_no: int,
+    chunk_no: int,
+    rep: FileReport,
+) -> None:
+    if len(recs) == 0:
+        return
+    iid = recs["instrument_id"]
+    day = recs["ts_event"] // np.uint64(NS_PER_DAY)
+    key = day.astype(np.uint64) << np.uint64(32) | iid.astype(np.uint64)
+    uniq = np.unique(key)
+    for k in uniq.tolist():
+        sel = recs if len(uniq) == 1 else recs[key == k]
+        inst = k & 0xFFFFFFFF
+        date = dt.date(1970, 1, 1) + dt.timedelta(days=k >> 32)
+        sym = symbols.get(inst, str(inst))
+        rel = f"schema={schema}/symbol={sym}/date={date.isoformat()}"
+        d = stage / rel
+        d.mkdir(parents=True, exist_ok=True)
+        pq.write_table(
+            to_table(sel, schema),
+            d / f"part-{file_no:05d}-{chunk_no:04d}.parquet",
+            compression="zstd",
+            compression_level=1,
+            use_dictionary=False,
+            write_statistics=["ts_recv", "ts_event", "instrument_id"],
+        )
+        rep.partitions[rel] = rep.partitions.get(rel, 0) + len(sel)
+
+
+# --- the whole run --------------------------------------------------------------------------
+
+
+def _fingerprints(files: list[Path], raw: Path) -> list[dict]:
+    out = []
+    for p in files:
+        st = p.stat()
+        out.append({"path": str(p.relative_to(raw)), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+    return out
+
+
+def _unchanged(cfg: IngestConfig, files: list[Path]) -> bool:
+    """True when the last manifest saw exactly these inputs with these settings. Size and
+    mtime settle it when they match; otherwise the content digests decide."""
+    m = cfg.out / MANIFEST
+    if cfg.force or not m.exists():
+        return False
+    try:
+        old = json.loads(m.read_text())
+    except (OSError, json.JSONDecodeError):
+        return False
+    if old.get("settings") != cfg.identity():
+        return False
+    prev = {i["path"]: i for i in old.get("inputs", [])}
+    now = _fingerprints(files, cfg.raw)
+    if set(prev) != {f["path"] for f in now}:
+        return False
+    for f in now:
+        p = prev[f["path"]]
+        if (p["size"], p["mtime_ns"]) != (f["size"], f["mtime_ns"]):
+            if p["size"] != f["size"] or p.get("digest") != file_digest(cfg.raw / f["path"]):
+                return False
+    return True
+
+
+def _read_definitions(files: list[Path]) -> dict[int, str]:
+    """instrument_id -> raw symbol from every definition file among the inputs."""
+    out: dict[int, str] = {}
+    for p in files:
+        if _schema_from_name(p.name) != "definition":
+            continue
+        try:
+            header, chunks = iter_chunks(p)
+            for c in chunks:
+                for iid, sym in zip(c.records["instrument_id"].tolist(), c.records["raw_symbol"].tolist(), strict=True):
+                    out[int(iid)] = sym.decode("ascii", "replace")
+        except DbnFormatError:
+            continue  # reported when the file itself is ingested
+    return out
+
+
+_WORK: dict = {}
+
+
+def _ingest_star(args: tuple[Path, int]) -> FileReport:
+    path, file_no = args
+    rep = ingest_file(path, _WORK["stage"], file_no, _WORK["cfg"], _WORK["definitions"])
+    st = path.stat()
+    rep.size, rep.mtime_ns, rep.digest = st.st_size, st.st_mtime_ns, file_digest(path)
+    return rep
+
+
+def run_ingest(cfg: IngestConfig, progress=None) -> IngestResult:
+    res = IngestResult(out=cfg.out)
+    t0 = time.perf_counter()
+    if cfg.download:
+        from foxhunt.ingest.download import download
+
+        res.downloaded = download(cfg)
+    files = find_inputs(cfg.raw, cfg.schemas)
+    if not files:
+        raise IngestError(f"{cfg.raw}: no DBN files (*.dbn, *.dbn.zst) found")
+    if _unchanged(cfg, files):
+        res.skipped = True
+        log.info("ingest: %d input files unchanged; nothing to do", len(files))
+        return res
+    stage = staging_dir(cfg.out)
+    try:
+        _WORK.update(stage=stage, cfg=cfg, definitions=_read_definitions(files))
+        jobs = [(p, i) for i, p in enumerate(files)]
+        task = progress.add_task("ingest", total=len(jobs)) if progress else None
+        workers = min(cfg.workers or os.cpu_count() or 1, len(jobs))
+        if workers == 1:
+            it = map(_ingest_star, jobs)
+            pool = None
+        else:
+            pool = mp.get_context("fork").Pool(workers)
+            it = pool.imap(_ingest_star, jobs)
+        try:
+            for rep in it:
+                res.files.append(rep)
+                if progress:
+                    progress.advance(task)
+        finally:
+            if pool is not None:
+                pool.terminate()
+                pool.join()
+        res.seconds = time.perf_counter() - t0
+        _write_manifest(stage, cfg, res)
+        publish_dir(stage, cfg.out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    finally:
+        _WORK.clear()
+    return res
+
+
+def _write_manifest(stage: Path, cfg: IngestConfig, res: IngestResult) -> None:
+    rows: dict[str, int] = defaultdict(int)
+    quarantined: dict[str, dict[str, int]] = {}
+    for f in res.files:
+        for k, v in f.partitions.items():
+            rows[k] += v
+        if f.quarantined:
+            quarantined[str(Path(f.path).relative_to(cfg.raw))] = f.quarantined
+    manifest = {
+        "foxhunt_version": __version__,
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "settings": cfg.identity(),
+        "inputs": [
+            {
+                "path": str(Path(f.path).relative_to(cfg.raw)),
+                "size": f.size,
+                "mtime_ns": f.mtime_ns,
+                "digest": f.digest,
+                "schema": f.schema,
+                "dbn_version": f.version,
+                "records": f.records,
+            }
+            for f in res.files
+        ],
+        "rows_per_partition": dict(sorted(rows.items())),
+        "validation": {
+            "records_read": res.records,
+            "records_written": sum(f.written for f in res.files),
+            "quarantined": quarantined,
+            "mode": cfg.on_error,
+        },
+    }
+    write_text_atomic(stage / MANIFEST, json.dumps(manifest, indent=2))
+
+
+def load_manifest(out: Path) -> dict:
+    return json.loads((out / MANIFEST).read_text())
+
+
+__all__ = ["IngestConfig", "IngestError", "IngestResult", "ingest_file", "run_ingest"]
