@@ -77,23 +77,28 @@ def _open_decompressed(path: Path) -> tuple[BinaryIO, bool]:
     return f, False
 
 
-def _read_exact(stream: BinaryIO, n: int, path: Path) -> bytes:
-    parts = []
+def _read_exact(stream: BinaryIO, n: int, path: Path) -> np.ndarray:
+    """Up to n bytes (fewer only at the end of the stream), read into one uint8 buffer.
+
+    np.empty, not bytearray: the buffer is not zero-filled, so pages a short file never
+    reaches are never touched."""
+    buf = np.empty(n, dtype=np.uint8)
+    view = memoryview(buf)
     got = 0
     while got < n:
         try:
-            b = stream.read(n - got)
+            k = stream.readinto(view[got:])
         except zstandard.ZstdError as e:
             raise DbnFormatError(path, f"corrupt zstd stream: {e}") from None
-        if not b:
+        if not k:
             break
-        parts.append(b)
-        got += len(b)
-    return b"".join(parts)
+        got += k
+    view.release()
+    return buf[:got]
 
 
 def read_header(stream: BinaryIO, path: Path, compressed: bool) -> DbnHeader:
-    prefix = _read_exact(stream, 8, path)
+    prefix = _read_exact(stream, 8, path).tobytes()
     if len(prefix) < 8 or prefix[:3] != DBN_MAGIC:
         raise DbnFormatError(
             path,
@@ -109,7 +114,7 @@ def read_header(stream: BinaryIO, path: Path, compressed: bool) -> DbnHeader:
     if len(body) < length:
         raise DbnFormatError(path, f"truncated metadata: {len(body)} of {length} bytes", "byte 8")
     try:
-        meta = dbn.Metadata.decode(prefix + body)
+        meta = dbn.Metadata.decode(prefix + body.tobytes())
     except Exception as e:  # databento_dbn raises its own error types
         raise DbnFormatError(path, f"corrupt metadata: {e}", "byte 8") from None
     schema = str(meta.schema) if meta.schema is not None else None
@@ -171,7 +176,7 @@ def iter_chunks(
                 buf = _read_exact(stream, itemsize * chunk_records, path)
                 whole = len(buf) // itemsize
                 if whole:
-                    arr = np.frombuffer(buf, dtype=header.dtype, count=whole)
+                    arr = buf[: whole * itemsize].view(header.dtype)
                     yield Chunk(arr, index, header.header_bytes + index * itemsize)
                     index += whole
                 rest = len(buf) - whole * itemsize
@@ -252,7 +257,7 @@ def write_dbn(path: os.PathLike | str, metadata: bytes, records: np.ndarray | by
 
 def read_all(path: os.PathLike | str) -> tuple[DbnHeader, np.ndarray]:
     """Every record of a (small) file in one array. Tests and tools; ingest streams."""
-    header, chunks = iter_chunks(path, chunk_records=1 << 30)
+    header, chunks = iter_chunks(path, chunk_records=1 << 16)
     parts = [c.records for c in chunks]
     recs = np.concatenate(parts) if parts else np.zeros(0, dtype=header.dtype)
     return header, recs

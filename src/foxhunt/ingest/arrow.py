@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from foxhunt.dbn.columns import RecordColumns
+
 # u64 nanosecond fields that are timestamps (ts_in_delta is a signed duration, not one).
 TIMESTAMP_FIELDS = {"ts_event", "ts_recv", "ts_out", "expiration", "activation"}
 UNDEF_TIMESTAMP = np.iinfo(np.uint64).max
@@ -50,8 +52,9 @@ def _column(name: str, col: np.ndarray) -> pa.Array:
     return pa.array(np.ascontiguousarray(col))
 
 
-def to_table(recs: np.ndarray, schema: str) -> pa.Table:
-    names = recs.dtype.names
+def to_table(recs: np.ndarray | RecordColumns, schema: str) -> pa.Table:
+    cols = recs if isinstance(recs, RecordColumns) else RecordColumns(recs)
+    names = cols.dtype.names
     if schema == "definition":
         names = tuple(n for n in DEFINITION_FIELDS if n in names)
     else:
@@ -59,4 +62,6 @@ def to_table(recs: np.ndarray, schema: str) -> pa.Table:
     # Databento's own frames lead with the index timestamp; so does ours.
     if "ts_recv" in names:
         names = ("ts_recv", *[n for n in names if n != "ts_recv"])
-    return pa.table({n: _column(n, recs[n]) for n in names})
+    arrays = [_column(n, cols[n]) for n in names]
+    fields = [pa.field(n, a.type, nullable=a.null_count > 0) for n, a in zip(names, arrays, strict=True)]
+    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from foxhunt import __version__
+from foxhunt.dbn.columns import RecordColumns
 from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks
 from foxhunt.dbn.layout import SCHEMAS
 from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic
@@ -66,6 +67,8 @@ class IngestConfig:
     """Records decoded per chunk: bounds memory whatever the file size."""
     workers: int = 0
     """Files ingested in parallel (0: one per CPU core)."""
+    compression: Literal["lz4", "zstd", "snappy", "none"] = "lz4"
+    """Parquet compression: lz4 writes fastest; zstd is about half the size and slower."""
     force: bool = False
     """Ingest even if the inputs and settings are unchanged since the last run."""
     download: bool = False
@@ -212,8 +215,9 @@ def ingest_file(
             recs = chunk.records
             rep.records += len(recs)
             rep.bytes_in += recs.nbytes
+            cols = RecordColumns(recs)  # one transpose, shared by validation and conversion
             keep = np.ones(len(recs), dtype=bool)
-            for rule, mask in check_chunk(recs, header.layout, state):
+            for rule, mask in check_chunk(cols, header.layout, state):
                 if not quarantine:
                     i = int(np.flatnonzero(mask)[0])
                     idx = chunk.first_index + i
@@ -232,9 +236,9 @@ def ingest_file(
                     )
                     bad_parts.append(t)
                 keep &= ~mask
-            good = recs if keep.all() else recs[keep]
+            good = cols if keep.all() else RecordColumns(recs[keep])
             rep.written += len(good)
-            _write_partitions(good, header.schema, symbols, stage, file_no, chunk_no, rep)
+            _write_partitions(good, header.schema, symbols, stage, file_no, chunk_no, cfg, rep)
     except TruncatedTail as t:
         rep.quarantined["truncated final record"] = 1
         log.warning("%s: dropped a truncated final record (%d bytes) at %d", path, t.rest, t.index)
@@ -248,22 +252,23 @@ def ingest_file(
 
 
 def _write_partitions(
-    recs: np.ndarray,
+    cols: RecordColumns,
     schema: str,
     symbols: dict[int, str],
     stage: Path,
     file_no: int,
     chunk_no: int,
+    cfg: IngestConfig,
     rep: FileReport,
 ) -> None:
-    if len(recs) == 0:
+    if len(cols) == 0:
         return
-    iid = recs["instrument_id"]
-    day = recs["ts_event"] // np.uint64(NS_PER_DAY)
+    iid = cols["instrument_id"]
+    day = cols["ts_event"] // np.uint64(NS_PER_DAY)
     key = day.astype(np.uint64) << np.uint64(32) | iid.astype(np.uint64)
     uniq = np.unique(key)
     for k in uniq.tolist():
-        sel = recs if len(uniq) == 1 else recs[key == k]
+        sel = cols if len(uniq) == 1 else RecordColumns(cols.recs[key == k])
         inst = k & 0xFFFFFFFF
         date = dt.date(1970, 1, 1) + dt.timedelta(days=k >> 32)
         sym = symbols.get(inst, str(inst))
@@ -273,8 +278,7 @@ def _write_partitions(
         pq.write_table(
             to_table(sel, schema),
             d / f"part-{file_no:05d}-{chunk_no:04d}.parquet",
-            compression="zstd",
-            compression_level=1,
+            compression=cfg.compression,
             use_dictionary=False,
             write_statistics=["ts_recv", "ts_event", "instrument_id"],
         )

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from foxhunt.dbn.layout import UNDEF_PRICE, SchemaLayout, levels_view
+from foxhunt.dbn.columns import RecordColumns
+from foxhunt.dbn.layout import UNDEF_PRICE, SchemaLayout
 
 RULE_RTYPE = "record type does not belong to the file's schema"
 RULE_LENGTH = "record length field does not match the schema's record size"
@@ -27,23 +28,26 @@ _PRICED_ACTIONS = np.array([b"A", b"C", b"M", b"T", b"F"], dtype="S1")
 @dataclass
 class StreamState:
     last_ts: dict[int, int] = field(default_factory=dict)
-    last_rec: dict[int, bytes] = field(default_factory=dict)
+    last_key: dict[int, np.ndarray] = field(default_factory=dict)
 
 
 def check_chunk(
-    recs: np.ndarray, layout: SchemaLayout, state: StreamState
+    recs: np.ndarray | RecordColumns, layout: SchemaLayout, state: StreamState
 ) -> list[tuple[str, np.ndarray]]:
     """[(rule, mask)] for every rule some record of this chunk breaks."""
+    cols = recs if isinstance(recs, RecordColumns) else RecordColumns(recs)
+    recs = cols
     out: list[tuple[str, np.ndarray]] = []
 
     def add(rule: str, mask: np.ndarray) -> None:
         if mask.any():
             out.append((rule, mask))
 
-    add(RULE_RTYPE, ~np.isin(recs["rtype"], layout.rtypes))
-    add(RULE_LENGTH, recs["length"].astype(np.int64) * 4 != recs.dtype.itemsize)
+    rtype = recs["rtype"]
+    add(RULE_RTYPE, rtype != layout.rtypes[0] if len(layout.rtypes) == 1 else ~np.isin(rtype, layout.rtypes))
+    add(RULE_LENGTH, recs["length"].astype(np.int64) * 4 != cols.dtype.itemsize)
 
-    names = recs.dtype.names
+    names = cols.dtype.names
     bad_px = np.zeros(len(recs), dtype=bool)
     for f in layout.price_fields:
         bad_px |= recs[f] <= 0
@@ -52,58 +56,75 @@ def check_chunk(
     if "bid_px_00" in names:  # MBP-10: the event price and every occupied level
         priced = np.isin(recs["action"], _PRICED_ACTIONS)
         bad_px |= priced & ((recs["price"] <= 0) | (recs["price"] == UNDEF_PRICE))
-        lv = levels_view(recs)
-        for side in ("bid", "ask"):
-            px, sz = lv[f"{side}_px"], lv[f"{side}_sz"]
-            bad_px |= ((sz > 0) & ((px <= 0) | (px == UNDEF_PRICE))).any(axis=1)
+        for i in range(10):
+            for side in ("bid", "ask"):
+                px, sz = cols[f"{side}_px_{i:02d}"], cols[f"{side}_sz_{i:02d}"]
+                bad_px |= (sz > 0) & ((px <= 0) | (px == UNDEF_PRICE))
         both = (recs["bid_sz_00"] > 0) & (recs["ask_sz_00"] > 0)
         add(RULE_CROSSED, both & (recs["bid_px_00"] >= recs["ask_px_00"]))
     add(RULE_PRICE, bad_px)
 
-    order_bad, dup = _order_and_duplicates(recs, layout, state)
+    order_bad, dup = _order_and_duplicates(cols, layout, state)
     add(RULE_ORDER, order_bad)
     add(RULE_DUPLICATE, dup)
     return out
 
 
 def _order_and_duplicates(
-    recs: np.ndarray, layout: SchemaLayout, state: StreamState
+    cols: RecordColumns, layout: SchemaLayout, state: StreamState
 ) -> tuple[np.ndarray, np.ndarray]:
-    n = len(recs)
+    """ts_event must not go backwards per instrument; a record equal to the one before it for
+    the same instrument is a duplicate. Events compare on their first 48 bytes (ids, times,
+    sequence, action, price, size: all but the book); bars and definitions on (id, ts_event)."""
+    n = len(cols)
     order_bad = np.zeros(n, dtype=bool)
     dup = np.zeros(n, dtype=bool)
     if n == 0:
         return order_bad, dup
-    iid = recs["instrument_id"]
-    ts = recs["ts_event"].astype(np.int64)
-    # Whole records compare as raw bytes; bars and definitions repeat when (id, ts_event) does.
+    iid = cols["instrument_id"]
+    ts = cols["ts_event"].view(np.int64)
     bar_like = layout.name.startswith("ohlcv") or layout.name == "definition"
-    raw = recs.view(np.dtype((np.void, recs.dtype.itemsize)))
-    perm = np.argsort(iid, kind="stable")  # per instrument, file order kept
-    s_iid, s_ts, s_raw = iid[perm], ts[perm], raw[perm]
-    first = np.concatenate([[True], s_iid[1:] != s_iid[:-1]])
-    prev_ts = np.concatenate([[0], s_ts[:-1]])
-    prev_raw = np.concatenate([s_raw[:1], s_raw[:-1]])
+    key = None if bar_like else cols.header_words()  # [6, n]
+    single = iid.min() == iid.max()
+    perm = None if single else np.argsort(iid, kind="stable")  # per instrument, file order kept
+    s_iid = iid if single else iid[perm]
+    s_ts = ts if single else ts[perm]
+    s_key = key if (key is None or single) else key[:, perm]
+    first = np.zeros(n, dtype=bool)
+    first[0] = True
+    if not single:
+        first[1:] = s_iid[1:] != s_iid[:-1]
+    has_prev = ~first
+    prev_ts = np.empty_like(s_ts)
+    prev_ts[1:] = s_ts[:-1]
+    prev_ts[0] = 0
+    same = np.zeros(n, dtype=bool)
+    if s_key is None:
+        same[1:] = s_ts[1:] == s_ts[:-1]
+    else:
+        same[1:] = (s_key[:, 1:] == s_key[:, :-1]).all(axis=0)
     # The first record of each instrument compares with the previous chunk's last one.
     firsts = np.flatnonzero(first)
-    has_prev = np.zeros(n, dtype=bool)
-    has_prev[~first] = True
-    for j in firsts:
+    for j in firsts.tolist():
         k = int(s_iid[j])
         if k in state.last_ts:
-            prev_ts[j] = state.last_ts[k]
-            prev_raw[j] = np.frombuffer(state.last_rec[k], dtype=raw.dtype)[0]
             has_prev[j] = True
+            prev_ts[j] = state.last_ts[k]
+            if s_key is None:
+                same[j] = s_ts[j] == state.last_ts[k]
+            else:
+                same[j] = bool((s_key[:, j] == state.last_key[k]).all())
     s_order = has_prev & (s_ts < prev_ts)
-    if bar_like:
-        s_dup = has_prev & (s_ts == prev_ts)
+    s_dup = has_prev & same
+    if single:
+        order_bad, dup = s_order, s_dup
     else:
-        s_dup = has_prev & (s_raw == prev_raw)
-    order_bad[perm] = s_order
-    dup[perm] = s_dup
+        order_bad[perm] = s_order
+        dup[perm] = s_dup
     lasts = np.append(firsts[1:], n) - 1
-    for j in lasts:
+    for j in lasts.tolist():
         k = int(s_iid[j])
         state.last_ts[k] = int(s_ts[j])
-        state.last_rec[k] = s_raw[j].tobytes()
+        if s_key is not None:
+            state.last_key[k] = s_key[:, j].copy()
     return order_bad, dup

@@ -1,0 +1,52 @@
+"""Contiguous columns of a DBN record array, through one transposed copy.
+
+DBN records are whole multiples of 8 bytes with naturally aligned fields, so the records viewed
+as an [n, words] u64 matrix transpose into one contiguous row per 8-byte word; a field is then
+its word's row (8-byte fields, no further copy) or an every-k-th slice of it. One transpose is
+about twice as fast as a strided copy per field, and validation and Arrow conversion share it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class RecordColumns:
+    def __init__(self, recs: np.ndarray) -> None:
+        self.recs = recs
+        self.dtype = recs.dtype
+        self._cache: dict[str, np.ndarray] = {}
+        n, size = len(recs), recs.dtype.itemsize
+        self._words = None
+        if size % 8 == 0 and n:
+            base = recs if recs.flags.c_contiguous else np.ascontiguousarray(recs)
+            mat = np.ndarray((n, size // 8), dtype=np.uint64, buffer=base.data)
+            self._words = np.ascontiguousarray(mat.T)
+
+    def __len__(self) -> int:
+        return len(self.recs)
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        col = self._cache.get(name)
+        if col is not None:
+            return col
+        dt, off = self.dtype.fields[name][:2]
+        if self._words is None or dt.kind not in "iuf":
+            col = np.ascontiguousarray(self.recs[name])
+        else:
+            w, k = divmod(off, 8)
+            row = self._words[w]
+            if dt.itemsize == 8:
+                col = row.view(dt)
+            else:
+                per = 8 // dt.itemsize
+                col = np.ascontiguousarray(row.view(dt)[k // dt.itemsize :: per])
+        self._cache[name] = col
+        return col
+
+    def header_words(self) -> np.ndarray:
+        """[6, n] u64: the first 48 bytes of each record (everything of an event but the book)."""
+        if self._words is None:
+            raw = np.ascontiguousarray(self.recs).view(np.uint8).reshape(len(self.recs), -1)
+            return np.ascontiguousarray(raw[:, :48]).view(np.uint64).T
+        return self._words[:6]
