@@ -40,8 +40,8 @@ class RootSpec:
 
 
 ROOTS: dict[str, RootSpec] = {
-    "ES": RootSpec("ES", 0.25, 50.0, 4800.0, 0.16, 0.012, 40),
-    "NQ": RootSpec("NQ", 0.25, 20.0, 17000.0, 0.22, 0.012, 12),
+    "ES": RootSpec("ES", 0.25, 50.0, 4800.0, 0.10, 0.012, 40),
+    "NQ": RootSpec("NQ", 0.25, 20.0, 17000.0, 0.14, 0.012, 12),
 }
 
 

@@ -10,8 +10,8 @@ The model, per root symbol, at the bar level (one bar = one minute of the sessio
 
 So the order flow of bar t leads the return of bar t+1 with correlation `rho` (the planted
 signal, `SynthConfig.signal`). During bar t the pressure s[t] shows in the order book: trades
-are buy-initiated with probability (1 + tanh(flow * s[t])) / 2 and queues at the best bid grow
-(at the best ask shrink) by a factor exp(flow * s[t] / 2). Order-flow imbalance (Cont, Kukanov,
+are buy-initiated with probability (1 + tanh(2 * flow * s[t])) / 2 and queues at the best bid grow
+(at the best ask shrink) by a factor exp(flow * s[t]). Order-flow imbalance (Cont, Kukanov,
 Stoikov 2014) measured over bar t therefore carries s[t], and predicts r[t+1].
 
 Events. Inside a bar the best bid moves by whole ticks: the bar's net move round(r * price /
@@ -155,7 +155,7 @@ def day_records(
     d = close - prev_close  # net tick move per bar
 
     # --- events per bar -----------------------------------------------------------------
-    k = rng.poisson(0.5 + 0.5 * path.activity[day_idx])  # up/down pairs of noise moves
+    k = rng.poisson(0.3 * path.activity[day_idx])  # up/down pairs of noise moves
     n_moves = np.abs(d) + 2 * k
     n_other = rng.poisson(p.events_per_bar * path.activity[day_idx])
     per_bar = n_moves + n_other
@@ -180,15 +180,16 @@ def day_records(
 
     # --- which queue each event sets, and to what -----------------------------------------
     side_bid = rng.random(n_ev) < 0.5  # book side of the assignment
-    level = np.minimum((np.log(rng.random(n_ev)) / np.log(0.65)).astype(np.int64), LEVELS - 1)
+    level = np.minimum((np.log(rng.random(n_ev)) / np.log(0.5)).astype(np.int64), LEVELS - 1)
     # A move up puts a new best bid at the old best ask; a move down a new best ask.
     side_bid = np.where(is_move, direction > 0, side_bid)
     level = np.where(is_move, 0, level)
     tick = np.where(side_bid, b_after - level, b_after + 1 + level)
     slot = tick & RING_MASK
     shape = spec.base_size * (1.0 + 0.25 * level)
-    press = np.where(level == 0, np.exp(np.where(side_bid, 0.5, -0.5) * p.flow * s_ev), 1.0)
-    value = np.maximum(1, np.rint(shape * press * rng.lognormal(0.0, 0.6, n_ev))).astype(np.int32)
+    # A level a move opens starts thin: a few orders join the new best price first.
+    shape = np.where(is_move, 0.25 * spec.base_size, shape)
+    value = np.maximum(1, np.rint(shape * rng.lognormal(0.0, 0.6, n_ev))).astype(np.int32)
 
     init = np.maximum(1, np.rint(spec.base_size * rng.lognormal(0.0, 0.6, (2, RING))))
     init = init.astype(np.int32)
@@ -205,12 +206,18 @@ def day_records(
     old = np.where(side_bid, q_bid(rows, slot), q_ask(rows, slot)).astype(np.int64)
     delta = value.astype(np.int64) - old
 
-    # Moves: the aggressor takes out the whole opposite best level in the state before.
-    taken = np.where(direction > 0, q_ask(rows, (b_before + 1) & RING_MASK), q_bid(rows, b_before & RING_MASK))
-    # Some decreases at the best level are trades; pressure decides the aggressor side.
-    buy_pressure = 0.5 * (1.0 + np.tanh(p.flow * s_ev))
+    # Moves: the opposite best level of the state before is gone afterwards. Its last lots trade
+    # (the T record) and the rest is cancelled, as queues mostly thin out by cancels before the
+    # price moves; whole-queue trades would swamp the planted flow with the return itself.
+    level_left = np.where(direction > 0, q_ask(rows, (b_before + 1) & RING_MASK), q_bid(rows, b_before & RING_MASK))
+    # Some decreases at the best level are trades; pressure decides the aggressor side. (Queue
+    # sizes carry no pressure: bigger bid queues under buying pressure would make the moves
+    # down, which take out a whole queue, sell more and cancel the signal out.)
+    buy_pressure = 0.5 * (1.0 + np.tanh(2.0 * p.flow * s_ev))
     p_trade = np.where(side_bid, 1.0 - buy_pressure, buy_pressure)
     is_trade = (~is_move) & (level == 0) & (delta < 0) & (rng.random(n_ev) < p_trade)
+    last_lots = np.rint(0.1 * spec.base_size * rng.lognormal(0.0, 0.6, n_ev))
+    taken = np.clip(last_lots, 1, level_left).astype(np.int64)
     keep = is_move | (delta != 0)
 
     # --- records: a trade is a T (book before) followed by its book update -----------------
@@ -227,7 +234,6 @@ def day_records(
     b_state = np.concatenate([[b_open], b_after])[state]
     # Book sizes: for each record's state, the ring slots of the ten visible levels. With the
     # ring doubled, the ten slots are one contiguous window, gathered in one indexing step.
-    lv = np.arange(LEVELS, dtype=np.int32)
     bid_sz = _ring_window(vals_bid[last_bid], state, (b_state - (LEVELS - 1)) & RING_MASK)
     bid_sz = bid_sz[:, ::-1]  # the window runs up in price; bid levels run down
     ask_sz = _ring_window(vals_ask[last_ask], state, (b_state + 1) & RING_MASK)
@@ -275,8 +281,9 @@ def day_records(
     # The ten levels are filled as a packed [n, 10] array, then copied into the records as bytes.
     book = np.empty((n_rec, LEVELS), dtype=LEVEL_DTYPE)
     px0 = (b_state + offset) * tick_ns
-    book["bid_px"] = px0[:, None] - lv * tick_ns
-    book["ask_px"] = (px0 + tick_ns)[:, None] + lv * tick_ns
+    depth_ns = np.arange(LEVELS, dtype=np.int64) * tick_ns  # int64: 9 ticks of ES overflow int32
+    book["bid_px"] = px0[:, None] - depth_ns
+    book["ask_px"] = (px0 + tick_ns)[:, None] + depth_ns
     book["bid_sz"] = bid_sz
     book["ask_sz"] = ask_sz
     book["bid_ct"] = 1 + (bid_sz >> 3)

@@ -1,0 +1,50 @@
+# foxhunt: `make run` and `make test` do all the set-up on a fresh clone.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+DATA ?= data
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | sha1sum | cut -c1-12)
+
+.DEFAULT_GOAL := help
+
+help: ## List the targets
+	@grep -E '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*?## "}; {printf "  \033[36m%-10s\033[0m %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@rm -f $(VENV)/.installed-*; touch $@
+
+setup: $(STAMP) ## Create .venv and install foxhunt (editable) with its dev tools; idempotent
+
+synth: setup ## Generate the demo market data (6 months of ES and NQ as DBN) into data/raw
+	$(BIN)/foxhunt synth --out $(DATA)/raw
+
+ingest: setup ## Validate data/raw into partitioned Parquet under data/ingested
+	$(BIN)/foxhunt ingest --raw $(DATA)/raw --out $(DATA)/ingested
+
+run: synth ingest ## The pipeline end to end on demo data (grows with each stage)
+	@echo
+	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"
+	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
+
+test: setup ## Run the test suite (no GPU needed)
+	$(BIN)/python -m pytest -q
+
+lint: setup ## Check format and lint with ruff
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench
+
+format: setup ## Format the code with ruff
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+bench: setup ## Run the CPU benchmarks (synth and ingest throughput)
+	$(BIN)/python bench/bench_ingest.py
+
+clean: ## Remove the virtual environment, build outputs and demo data
+	rm -rf $(VENV) build $(DATA)
+
+.PHONY: help setup synth ingest run test lint format bench clean
