@@ -1,0 +1,142 @@
+"""Synth and ingest throughput on this machine, beside the raw decode rate of the same files.
+
+    make bench          (or: .venv/bin/python bench/bench_ingest.py [--days 20] [--repeats 3])
+
+Raw decode = read the file (and zstd-decompress it) into a buffer, then np.frombuffer over the
+records: the floor any DBN reader pays. Ingest = `foxhunt ingest` on the same file: decode,
+validate every rule, convert to Arrow and write Parquet. Figures go to docs/performance.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import platform
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from foxhunt.dbn.io import encode_metadata, iter_chunks, raw_bytes, read_header, write_dbn
+from foxhunt.ingest.core import IngestConfig, run_ingest
+from foxhunt.synth.contracts import ROOTS, front_and_next, trading_days
+from foxhunt.synth.generate import SynthConfig, generate
+from foxhunt.synth.market import MarketParams, bar_path, day_records, quarter_index
+
+
+def _best(f, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), times
+
+
+def synth_rate(days: int, repeats: int, tmp: Path) -> dict[str, float]:
+    """One core: generate MBP-10 days of ES and write them as .dbn and .dbn.zst."""
+    spec, p = ROOTS["ES"], MarketParams()
+    ds = trading_days(dt.date(2024, 4, 1), dt.date(2024, 7, 1))[:days]
+    path = bar_path(spec, ds, p, 7)
+    bq = quarter_index(front_and_next("ES", ds[0])[0])
+    meta = encode_metadata("GLBX.MDP3", "mbp-10", 0, 1, {"ESM4": 1}, ds[0], ds[-1])
+    out = {}
+    n = sum(len(day_records(spec, path, i, p, 7, bq).mbp10) for i in range(len(ds)))
+    for ext in (".dbn", ".dbn.zst"):
+        def run(ext=ext):
+            for i in range(len(ds)):
+                write_dbn(tmp / f"s{i}.mbp-10{ext}", meta, day_records(spec, path, i, p, 7, bq).mbp10)
+        sec, _ = _best(run, repeats)
+        out[ext] = n / sec
+    return out
+
+
+def one_file(days: int, tmp: Path) -> tuple[dict[str, Path], int]:
+    """One MBP-10 file of `days` trading days of ES, plain and zstd."""
+    spec, p = ROOTS["ES"], MarketParams()
+    ds = trading_days(dt.date(2024, 4, 1), dt.date(2024, 7, 1))[:days]
+    path = bar_path(spec, ds, p, 7)
+    bq = quarter_index(front_and_next("ES", ds[0])[0])
+    recs = np.concatenate([day_records(spec, path, i, p, 7, bq).mbp10 for i in range(len(ds))])
+    recs = recs[recs["instrument_id"] == recs["instrument_id"][0]]  # one contract, outside the roll
+    meta = encode_metadata("GLBX.MDP3", "mbp-10", 0, 1, {"ESM4": int(recs["instrument_id"][0])},
+                           ds[0], ds[-1])
+    files = {}
+    for ext in (".dbn", ".dbn.zst"):
+        d = tmp / f"in{ext.replace('.', '_')}"
+        d.mkdir()
+        f = d / f"glbx-mdp3-bench.mbp-10{ext}"
+        write_dbn(f, meta, recs)
+        files[ext] = f
+    return files, len(recs)
+
+
+def raw_decode(f: Path) -> int:
+    with open(f, "rb") as fh:
+        header = read_header(fh, f, False) if f.suffix == ".dbn" else None
+    if header is not None:  # plain file: read it, view the records
+        data = np.fromfile(f, dtype=np.uint8)
+        recs = data[header.header_bytes:].view(header.dtype)
+    else:  # decompress into memory, view the records
+        data = raw_bytes(f)
+        hdr_len = 8 + int.from_bytes(data[4:8], "little")
+        recs = np.frombuffer(data, dtype=np.uint8, offset=hdr_len).view(
+            iter_chunks(f)[0].dtype
+        )
+    return len(recs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--days", type=int, default=30, help="trading days in the single-file test")
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="foxhunt-bench-"))
+    try:
+        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+              f"python {platform.python_version()}, {dt.date.today()}")
+        rates = synth_rate(min(args.days, 10), args.repeats, tmp)
+        print(f"synth, 1 core:     {rates['.dbn'] / 1e6:5.2f} M MBP-10 records/s to .dbn, "
+              f"{rates['.dbn.zst'] / 1e6:5.2f} M/s to .dbn.zst")
+        files, n = one_file(args.days, tmp)
+        print(f"\nsingle MBP-10 file of {n:,} records ({args.days} days), one process:")
+        print(f"{'file':10} {'raw decode M/s':>15} {'ingest M/s':>11} {'ratio':>6}")
+        for ext, f in files.items():
+            dec, _ = _best(lambda f=f: raw_decode(f), args.repeats)
+
+            def ingest(f=f):
+                out = tmp / "out"
+                shutil.rmtree(out, ignore_errors=True)
+                run_ingest(IngestConfig(raw=f.parent, out=out, workers=1, force=True))
+
+            ing, _ = _best(ingest, args.repeats)
+            print(f"{ext:10} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {dec / ing:6.0%}")
+
+        # The demo layout: day files of two roots, all cores.
+        raw = tmp / "demo"
+        res = generate(SynthConfig(out=raw, start=dt.date(2024, 4, 1), end=dt.date(2024, 5, 1)))
+        print(f"\ndemo month (ES+NQ, {res.files} files, {res.mbp10_records:,} MBP-10 records): "
+              f"synth {res.seconds:.1f} s on {os.cpu_count()} cores")
+        for comp in ("lz4", "zstd"):
+            def ingest_all(comp=comp):
+                out = tmp / "out-all"
+                shutil.rmtree(out, ignore_errors=True)
+                return run_ingest(IngestConfig(raw=raw, out=out, force=True, compression=comp))
+
+            sec, _ = _best(ingest_all, args.repeats)
+            r = ingest_all()
+            size = sum(p.stat().st_size for p in (tmp / "out-all").rglob("*.parquet"))
+            print(f"ingest all schemas, Parquet {comp}: {r.records / sec / 1e6:.2f} M records/s "
+                  f"({r.records:,} records, {size / 1e6:.0f} MB)")
+            mbp = [x for x in r.files if x.schema == "mbp-10"]
+            print(f"  of which MBP-10 .dbn.zst: {sum(x.records for x in mbp):,} records")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
