@@ -47,9 +47,13 @@ def synth_rate(days: int, repeats: int, tmp: Path) -> dict[str, float]:
     out = {}
     n = sum(len(day_records(spec, path, i, p, 7, bq).mbp10) for i in range(len(ds)))
     for ext in (".dbn", ".dbn.zst"):
+
         def run(ext=ext):
             for i in range(len(ds)):
-                write_dbn(tmp / f"s{i}.mbp-10{ext}", meta, day_records(spec, path, i, p, 7, bq).mbp10)
+                write_dbn(
+                    tmp / f"s{i}.mbp-10{ext}", meta, day_records(spec, path, i, p, 7, bq).mbp10
+                )
+
         sec, _ = _best(run, repeats)
         out[ext] = n / sec
     return out
@@ -63,8 +67,9 @@ def one_file(days: int, tmp: Path) -> tuple[dict[str, Path], int]:
     bq = quarter_index(front_and_next("ES", ds[0])[0])
     recs = np.concatenate([day_records(spec, path, i, p, 7, bq).mbp10 for i in range(len(ds))])
     recs = recs[recs["instrument_id"] == recs["instrument_id"][0]]  # one contract, outside the roll
-    meta = encode_metadata("GLBX.MDP3", "mbp-10", 0, 1, {"ESM4": int(recs["instrument_id"][0])},
-                           ds[0], ds[-1])
+    meta = encode_metadata(
+        "GLBX.MDP3", "mbp-10", 0, 1, {"ESM4": int(recs["instrument_id"][0])}, ds[0], ds[-1]
+    )
     files = {}
     for ext in (".dbn", ".dbn.zst"):
         d = tmp / f"in{ext.replace('.', '_')}"
@@ -80,13 +85,11 @@ def raw_decode(f: Path) -> int:
         header = read_header(fh, f, False) if f.suffix == ".dbn" else None
     if header is not None:  # plain file: read it, view the records
         data = np.fromfile(f, dtype=np.uint8)
-        recs = data[header.header_bytes:].view(header.dtype)
+        recs = data[header.header_bytes :].view(header.dtype)
     else:  # decompress into memory, view the records
         data = raw_bytes(f)
         hdr_len = 8 + int.from_bytes(data[4:8], "little")
-        recs = np.frombuffer(data, dtype=np.uint8, offset=hdr_len).view(
-            iter_chunks(f)[0].dtype
-        )
+        recs = np.frombuffer(data, dtype=np.uint8, offset=hdr_len).view(iter_chunks(f)[0].dtype)
     return len(recs)
 
 
@@ -97,11 +100,15 @@ def main() -> None:
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="foxhunt-bench-"))
     try:
-        print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-              f"python {platform.python_version()}, {dt.date.today()}")
+        print(
+            f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+            f"python {platform.python_version()}, {dt.date.today()}"
+        )
         rates = synth_rate(min(args.days, 10), args.repeats, tmp)
-        print(f"synth, 1 core:     {rates['.dbn'] / 1e6:5.2f} M MBP-10 records/s to .dbn, "
-              f"{rates['.dbn.zst'] / 1e6:5.2f} M/s to .dbn.zst")
+        print(
+            f"synth, 1 core:     {rates['.dbn'] / 1e6:5.2f} M MBP-10 records/s to .dbn, "
+            f"{rates['.dbn.zst'] / 1e6:5.2f} M/s to .dbn.zst"
+        )
         files, n = one_file(args.days, tmp)
         print(f"\nsingle MBP-10 file of {n:,} records ({args.days} days), one process:")
         print(f"{'file':10} {'raw decode M/s':>15} {'ingest M/s':>11} {'ratio':>6}")
@@ -119,9 +126,12 @@ def main() -> None:
         # The demo layout: day files of two roots, all cores.
         raw = tmp / "demo"
         res = generate(SynthConfig(out=raw, start=dt.date(2024, 4, 1), end=dt.date(2024, 5, 1)))
-        print(f"\ndemo month (ES+NQ, {res.files} files, {res.mbp10_records:,} MBP-10 records): "
-              f"synth {res.seconds:.1f} s on {os.cpu_count()} cores")
+        print(
+            f"\ndemo month (ES+NQ, {res.files} files, {res.mbp10_records:,} MBP-10 records): "
+            f"synth {res.seconds:.1f} s on {os.cpu_count()} cores"
+        )
         for comp in ("lz4", "zstd"):
+
             def ingest_all(comp=comp):
                 out = tmp / "out-all"
                 shutil.rmtree(out, ignore_errors=True)
@@ -130,8 +140,10 @@ def main() -> None:
             sec, _ = _best(ingest_all, args.repeats)
             r = ingest_all()
             size = sum(p.stat().st_size for p in (tmp / "out-all").rglob("*.parquet"))
-            print(f"ingest all schemas, Parquet {comp}: {r.records / sec / 1e6:.2f} M records/s "
-                  f"({r.records:,} records, {size / 1e6:.0f} MB)")
+            print(
+                f"ingest all schemas, Parquet {comp}: {r.records / sec / 1e6:.2f} M records/s "
+                f"({r.records:,} records, {size / 1e6:.0f} MB)"
+            )
             mbp = [x for x in r.files if x.schema == "mbp-10"]
             print(f"  of which MBP-10 .dbn.zst: {sum(x.records for x in mbp):,} records")
     finally:

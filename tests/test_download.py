@@ -10,6 +10,7 @@ import ssl
 import subprocess
 import threading
 import urllib.parse
+from typing import ClassVar
 
 import pytest
 
@@ -22,7 +23,7 @@ KEY = "db-TESTKEYabcdefghijklmnopqrstuvw"  # the shape of a Databento key, not a
 
 class FakeDatabento(http.server.BaseHTTPRequestHandler):
     cost = 1.25
-    calls: list = []
+    calls: ClassVar[list] = []
     payload: bytes = b""
 
     def log_message(self, *a):  # keep test output quiet
@@ -34,12 +35,12 @@ class FakeDatabento(http.server.BaseHTTPRequestHandler):
         want = "Basic " + base64.b64encode(f"{KEY}:".encode()).decode()
         return self.headers.get("Authorization") == want
 
-    def do_GET(self):  # noqa: N802 - the endpoints used here are all POST
+    def do_GET(self):
         type(self).calls.append(("GET", self.path, {}))
         self.send_response(404)
         self.end_headers()
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         n = int(self.headers.get("Content-Length", 0))
         form = dict(urllib.parse.parse_qsl(self.rfile.read(n).decode()))
         type(self).calls.append(("POST", self.path, form))
@@ -71,10 +72,26 @@ class FakeDatabento(http.server.BaseHTTPRequestHandler):
 def api(tmp_path, monkeypatch):
     cert, keyf = tmp_path / "cert.pem", tmp_path / "key.pem"
     subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
-         "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(keyf),
-         "-out", str(cert)],
-        check=True, capture_output=True,
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(keyf),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
     )
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeDatabento)
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -92,8 +109,9 @@ def api(tmp_path, monkeypatch):
     recs["length"], recs["rtype"], recs["instrument_id"], recs["publisher_id"] = 12, 0, 5, 1
     recs["ts_event"] = recs["ts_recv"] = 1_704_205_800_000_000_000 + np.arange(3)
     recs["price"], recs["size"], recs["action"], recs["side"] = 4_800_000_000_000, 1, b"T", b"B"
-    meta = encode_metadata("GLBX.MDP3", "trades", 0, 10**18, {"ES.FUT": 5},
-                           dt.date(2024, 1, 2), dt.date(2024, 1, 3))
+    meta = encode_metadata(
+        "GLBX.MDP3", "trades", 0, 10**18, {"ES.FUT": 5}, dt.date(2024, 1, 2), dt.date(2024, 1, 3)
+    )
     write_dbn(tmp_path / "payload.dbn.zst", meta, recs)
     FakeDatabento.payload = (tmp_path / "payload.dbn.zst").read_bytes()
     monkeypatch.setenv("DATABENTO_GATEWAY", f"127.0.0.1:{srv.server_address[1]}")
@@ -105,9 +123,16 @@ def api(tmp_path, monkeypatch):
 
 def _cfg(tmp_path, **kw):
     return IngestConfig(
-        raw=tmp_path / "raw", out=tmp_path / "out", download=True, symbols=("ES.FUT",),
-        stype_in="parent", download_schemas=("trades",), start=dt.date(2024, 1, 2),
-        end=dt.date(2024, 1, 4), workers=1, **kw,
+        raw=tmp_path / "raw",
+        out=tmp_path / "out",
+        download=True,
+        symbols=("ES.FUT",),
+        stype_in="parent",
+        download_schemas=("trades",),
+        start=dt.date(2024, 1, 2),
+        end=dt.date(2024, 1, 4),
+        workers=1,
+        **kw,
     )
 
 

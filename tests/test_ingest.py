@@ -114,7 +114,13 @@ def test_rerun_does_no_work_and_changes_redo_it(small_raw, tmp_path):
 
 def _mbp_file(tmp: Path, recs: np.ndarray, name="glbx-mdp3-20240102.mbp-10.dbn", version=3) -> Path:
     meta = encode_metadata(
-        "GLBX.MDP3", "mbp-10", 0, 10**18, {"ESH4": 42}, dt.date(2024, 1, 2), dt.date(2024, 1, 3),
+        "GLBX.MDP3",
+        "mbp-10",
+        0,
+        10**18,
+        {"ESH4": 42},
+        dt.date(2024, 1, 2),
+        dt.date(2024, 1, 3),
         version=version,
     )
     path = tmp / "raw" / name
@@ -146,19 +152,26 @@ def _good_mbp(n=50) -> np.ndarray:
 
 def _breaks(recs):
     bad = {}
-    r = recs.copy(); r["ts_event"][30] = r["ts_event"][10]  # noqa: E702
+    r = recs.copy()
+    r["ts_event"][30] = r["ts_event"][10]
     bad["ts_event goes backwards"] = (r, 30)
-    r = recs.copy(); r["price"][7] = -250_000_000  # noqa: E702
+    r = recs.copy()
+    r["price"][7] = -250_000_000
     bad["non-positive price"] = (r, 7)
-    r = recs.copy(); r["bid_px_03"][12] = 0  # noqa: E702
+    r = recs.copy()
+    r["bid_px_03"][12] = 0
     bad["non-positive price "] = (r, 12)
-    r = recs.copy(); r["bid_px_00"][20] = r["ask_px_00"][20]  # noqa: E702
+    r = recs.copy()
+    r["bid_px_00"][20] = r["ask_px_00"][20]
     bad["crossed book"] = (r, 20)
-    r = recs.copy(); r[25] = r[24]  # noqa: E702
+    r = recs.copy()
+    r[25] = r[24]
     bad["duplicate record"] = (r, 25)
-    r = recs.copy(); r["rtype"][5] = 0x01  # noqa: E702
+    r = recs.copy()
+    r["rtype"][5] = 0x01
     bad["record type does not belong"] = (r, 5)
-    r = recs.copy(); r["length"][9] = 12  # noqa: E702
+    r = recs.copy()
+    r["length"][9] = 12
     bad["record length field"] = (r, 9)
     return bad
 
@@ -192,7 +205,9 @@ def test_truncated_file(tmp_path):
     path = _mbp_file(tmp_path, _good_mbp())
     data = path.read_bytes()
     path.write_bytes(data[:-100])
-    with pytest.raises(IngestError, match=r"record 49 \(byte \d+\).*truncated file: last record has 268 of 368"):
+    with pytest.raises(
+        IngestError, match=r"record 49 \(byte \d+\).*truncated file: last record has 268 of 368"
+    ):
         _ingest(tmp_path / "raw", tmp_path / "out")
     res = _ingest(tmp_path / "raw", tmp_path / "out", on_error="quarantine")
     assert res.files[0].written == 49
@@ -234,8 +249,11 @@ def test_unknown_and_mismatched_schema(tmp_path):
     raw = tmp_path / "raw"
     meta = bytes(
         databento_dbn.Metadata(
-            dataset="GLBX.MDP3", start=0, stype_in=databento_dbn.SType.RAW_SYMBOL,
-            stype_out=databento_dbn.SType.INSTRUMENT_ID, schema=databento_dbn.Schema.MBO,
+            dataset="GLBX.MDP3",
+            start=0,
+            stype_in=databento_dbn.SType.RAW_SYMBOL,
+            stype_out=databento_dbn.SType.INSTRUMENT_ID,
+            schema=databento_dbn.Schema.MBO,
         )
     )
     write_dbn(raw / "a.mbo.dbn", meta, b"")
@@ -261,8 +279,16 @@ def test_dbn_v1_file_ingests(tmp_path):
     recs["length"], recs["rtype"], recs["instrument_id"] = 14, 0x21, 7
     recs["ts_event"] = np.arange(3) * 60_000_000_000 + 1_704_205_800_000_000_000
     recs["open"] = recs["high"] = recs["low"] = recs["close"] = 100_000_000_000
-    meta = encode_metadata("GLBX.MDP3", "ohlcv-1m", 0, 10**18, {"ESH4": 7},
-                           dt.date(2024, 1, 2), dt.date(2024, 1, 3), version=1)
+    meta = encode_metadata(
+        "GLBX.MDP3",
+        "ohlcv-1m",
+        0,
+        10**18,
+        {"ESH4": 7},
+        dt.date(2024, 1, 2),
+        dt.date(2024, 1, 3),
+        version=1,
+    )
     write_dbn(tmp_path / "raw" / "v1.ohlcv-1m.dbn", meta, recs)
     res = _ingest(tmp_path / "raw", tmp_path / "out")
     assert res.files[0].version == 1
@@ -291,8 +317,15 @@ def test_memory_is_bounded_by_the_chunk(tmp_path):
     recs = _good_mbp(n)
     _mbp_file(tmp_path, recs)
     tracemalloc.start()
-    run_ingest(IngestConfig(raw=tmp_path / "raw", out=tmp_path / "out", workers=1, chunk_records=2048))
+    run_ingest(
+        IngestConfig(raw=tmp_path / "raw", out=tmp_path / "out", workers=1, chunk_records=2048)
+    )
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert peak < 8_000_000, peak  # a few chunks of 0.75 MB, far below the file's 36.8 MB
-    assert json.loads((tmp_path / "out" / "manifest.json").read_text())["validation"]["records_written"] == n
+    assert (
+        json.loads((tmp_path / "out" / "manifest.json").read_text())["validation"][
+            "records_written"
+        ]
+        == n
+    )

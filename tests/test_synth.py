@@ -135,10 +135,14 @@ def test_same_seed_same_bytes(tmp_path):
 
 
 def test_rerun_with_same_config_is_skipped(tmp_path):
-    cfg = SynthConfig(out=tmp_path, start=dt.date(2024, 1, 2), end=dt.date(2024, 1, 3), symbols=("NQ",))
+    cfg = SynthConfig(
+        out=tmp_path, start=dt.date(2024, 1, 2), end=dt.date(2024, 1, 3), symbols=("NQ",)
+    )
     assert not generate(cfg, workers=1).skipped
     assert generate(cfg, workers=1).skipped
-    cfg2 = SynthConfig(out=tmp_path, start=dt.date(2024, 1, 3), end=dt.date(2024, 1, 4), symbols=("NQ",))
+    cfg2 = SynthConfig(
+        out=tmp_path, start=dt.date(2024, 1, 3), end=dt.date(2024, 1, 4), symbols=("NQ",)
+    )
     generate(cfg2, workers=1)
     names = [f.name for f in (tmp_path / DATASET / "NQ").iterdir()]
     assert all("20240103" in n for n in names), "files of the old config must not linger"
@@ -152,8 +156,14 @@ def test_planted_signal_order_flow_leads_next_return(tmp_path):
     def lead_corr(signal):
         out = tmp_path / f"s{signal}"
         generate(
-            SynthConfig(out=out, start=dt.date(2024, 4, 1), end=dt.date(2024, 5, 1), symbols=("ES",),
-                        signal=signal, schemas=("trades", "ohlcv-1m")),
+            SynthConfig(
+                out=out,
+                start=dt.date(2024, 4, 1),
+                end=dt.date(2024, 5, 1),
+                symbols=("ES",),
+                signal=signal,
+                schemas=("trades", "ohlcv-1m"),
+            ),
             workers=2,
         )
         cs = []

@@ -45,7 +45,8 @@ def cmd_synth(cfg: SynthConfig) -> int:
     rate = res.mbp10_records / res.seconds if res.seconds else 0.0
     print(
         f"wrote {res.files} DBN files ({res.bytes_written / 1e6:.1f} MB) to {res.out} in "
-        f"{res.seconds:.1f} s: " + ", ".join(f"{k} {v:,}" for k, v in res.per_schema.items())
+        f"{res.seconds:.1f} s: "
+        + ", ".join(f"{k} {v:,}" for k, v in res.per_schema.items())
         + f" records ({rate / 1e6:.2f} M MBP-10 records/s)"
     )
     return 0

@@ -60,13 +60,16 @@ class DbnHeader:
 
 
 def _open_decompressed(path: Path) -> tuple[BinaryIO, bool]:
-    f = open(path, "rb")  # noqa: SIM115 - returned to the caller, which closes it
+    f = open(path, "rb")
     head = f.read(4)
     f.seek(0)
     if head == ZSTD_MAGIC:
         reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
         return reader, True
-    if len(head) == 4 and SKIPPABLE_MAGIC_LOW <= struct.unpack("<I", head)[0] <= SKIPPABLE_MAGIC_LOW + 15:
+    if (
+        len(head) == 4
+        and SKIPPABLE_MAGIC_LOW <= struct.unpack("<I", head)[0] <= SKIPPABLE_MAGIC_LOW + 15
+    ):
         f.close()
         raise DbnFormatError(
             path,
@@ -108,7 +111,9 @@ def read_header(stream: BinaryIO, path: Path, compressed: bool) -> DbnHeader:
         )
     version = prefix[3]
     if version not in SUPPORTED_VERSIONS:
-        raise DbnFormatError(path, f"unsupported DBN version {version} (supported: 1, 2, 3)", "byte 3")
+        raise DbnFormatError(
+            path, f"unsupported DBN version {version} (supported: 1, 2, 3)", "byte 3"
+        )
     (length,) = struct.unpack("<I", prefix[4:8])
     body = _read_exact(stream, length, path)
     if len(body) < length:
@@ -195,7 +200,7 @@ def iter_chunks(
     return header, gen()
 
 
-class TruncatedTail(Exception):  # noqa: N818 - a signal, raised after the last whole record
+class TruncatedTail(Exception):
     def __init__(self, path: Path, index: int, rest: int, itemsize: int) -> None:
         super().__init__(f"{path}: {rest} trailing bytes of a {itemsize}-byte record at {index}")
         self.index = index
@@ -236,7 +241,9 @@ def encode_metadata(
     return bytes(meta)
 
 
-def write_dbn(path: os.PathLike | str, metadata: bytes, records: np.ndarray | bytes, level: int = 1) -> int:
+def write_dbn(
+    path: os.PathLike | str, metadata: bytes, records: np.ndarray | bytes, level: int = 1
+) -> int:
     """Write a DBN file atomically (temporary file, then rename); `.zst` names are compressed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -61,13 +61,22 @@ SCHEMAS: dict[str, SchemaLayout] = {
     "mbp-10": SchemaLayout("mbp-10", (RTYPE_MBP_10,), _same_all_versions(dbn.MBP10Msg), ()),
     "trades": SchemaLayout("trades", (RTYPE_MBP_0,), _same_all_versions(dbn.TradeMsg), ("price",)),
     "ohlcv-1s": SchemaLayout(
-        "ohlcv-1s", (RTYPE_OHLCV_1S,), _same_all_versions(dbn.OHLCVMsg), ("open", "high", "low", "close")
+        "ohlcv-1s",
+        (RTYPE_OHLCV_1S,),
+        _same_all_versions(dbn.OHLCVMsg),
+        ("open", "high", "low", "close"),
     ),
     "ohlcv-1m": SchemaLayout(
-        "ohlcv-1m", (RTYPE_OHLCV_1M,), _same_all_versions(dbn.OHLCVMsg), ("open", "high", "low", "close")
+        "ohlcv-1m",
+        (RTYPE_OHLCV_1M,),
+        _same_all_versions(dbn.OHLCVMsg),
+        ("open", "high", "low", "close"),
     ),
     "ohlcv-1h": SchemaLayout(
-        "ohlcv-1h", (RTYPE_OHLCV_1H,), _same_all_versions(dbn.OHLCVMsg), ("open", "high", "low", "close")
+        "ohlcv-1h",
+        (RTYPE_OHLCV_1H,),
+        _same_all_versions(dbn.OHLCVMsg),
+        ("open", "high", "low", "close"),
     ),
     "ohlcv-1d": SchemaLayout(
         "ohlcv-1d",
@@ -96,8 +105,14 @@ OHLCV_DTYPE = SCHEMAS["ohlcv-1m"].dtypes[3]
 
 # One book level as DBN lays it out (databento_dbn.BidAskPair); ten of them end an MBP-10 record.
 LEVEL_DTYPE = np.dtype(
-    [("bid_px", "<i8"), ("ask_px", "<i8"), ("bid_sz", "<u4"), ("ask_sz", "<u4"),
-     ("bid_ct", "<u4"), ("ask_ct", "<u4")]
+    [
+        ("bid_px", "<i8"),
+        ("ask_px", "<i8"),
+        ("bid_sz", "<u4"),
+        ("ask_sz", "<u4"),
+        ("bid_ct", "<u4"),
+        ("ask_ct", "<u4"),
+    ]
 )
 LEVELS_OFFSET = 48  # byte offset of levels[0] in an MBP-10 record
 assert MBP10_DTYPE.fields["bid_px_00"][1] == LEVELS_OFFSET

@@ -63,5 +63,7 @@ def to_table(recs: np.ndarray | RecordColumns, schema: str) -> pa.Table:
     if "ts_recv" in names:
         names = ("ts_recv", *[n for n in names if n != "ts_recv"])
     arrays = [_column(n, cols[n]) for n in names]
-    fields = [pa.field(n, a.type, nullable=a.null_count > 0) for n, a in zip(names, arrays, strict=True)]
+    fields = [
+        pa.field(n, a.type, nullable=a.null_count > 0) for n, a in zip(names, arrays, strict=True)
+    ]
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))

@@ -129,7 +129,9 @@ class IngestResult:
 
     def summary(self) -> str:
         if self.skipped:
-            return f"ingest: inputs unchanged since the last run; {self.out} is up to date (no work)"
+            return (
+                f"ingest: inputs unchanged since the last run; {self.out} is up to date (no work)"
+            )
         by_schema: dict[str, int] = defaultdict(int)
         quarantined = 0
         for f in self.files:
@@ -292,7 +294,9 @@ def _fingerprints(files: list[Path], raw: Path) -> list[dict]:
     out = []
     for p in files:
         st = p.stat()
-        out.append({"path": str(p.relative_to(raw)), "size": st.st_size, "mtime_ns": st.st_mtime_ns})
+        out.append(
+            {"path": str(p.relative_to(raw)), "size": st.st_size, "mtime_ns": st.st_mtime_ns}
+        )
     return out
 
 
@@ -327,9 +331,13 @@ def _read_definitions(files: list[Path]) -> dict[int, str]:
         if _schema_from_name(p.name) != "definition":
             continue
         try:
-            header, chunks = iter_chunks(p)
+            _header, chunks = iter_chunks(p)
             for c in chunks:
-                for iid, sym in zip(c.records["instrument_id"].tolist(), c.records["raw_symbol"].tolist(), strict=True):
+                for iid, sym in zip(
+                    c.records["instrument_id"].tolist(),
+                    c.records["raw_symbol"].tolist(),
+                    strict=True,
+                ):
                     out[int(iid)] = sym.decode("ascii", "replace")
         except DbnFormatError:
             continue  # reported when the file itself is ingested

@@ -32,7 +32,9 @@ def _days(start: dt.date, end: dt.date) -> list[dt.date]:
     return out
 
 
-def target_path(raw: Path, dataset: str, symbols: tuple[str, ...], day: dt.date, schema: str) -> Path:
+def target_path(
+    raw: Path, dataset: str, symbols: tuple[str, ...], day: dt.date, schema: str
+) -> Path:
     tag = "_".join(s.replace("/", "-") for s in symbols)
     stem = dataset.lower().replace(".", "-")
     return raw / dataset / tag / f"{stem}-{day:%Y%m%d}.{schema}.dbn.zst"
@@ -77,7 +79,9 @@ def download(cfg) -> list[Path]:
                 )
             )
         except Exception as e:  # the client's errors carry the HTTP status, never the key
-            raise IngestError(f"download: cost query for {schema} failed: {_scrub(e, key)}") from None
+            raise IngestError(
+                f"download: cost query for {schema} failed: {_scrub(e, key)}"
+            ) from None
     log.info("download: %d files missing, quoted cost $%.2f", sum(map(len, missing.values())), cost)
     if cost > cfg.max_cost:
         raise IngestError(

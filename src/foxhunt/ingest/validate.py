@@ -44,7 +44,10 @@ def check_chunk(
             out.append((rule, mask))
 
     rtype = recs["rtype"]
-    add(RULE_RTYPE, rtype != layout.rtypes[0] if len(layout.rtypes) == 1 else ~np.isin(rtype, layout.rtypes))
+    add(
+        RULE_RTYPE,
+        rtype != layout.rtypes[0] if len(layout.rtypes) == 1 else ~np.isin(rtype, layout.rtypes),
+    )
     add(RULE_LENGTH, recs["length"].astype(np.int64) * 4 != cols.dtype.itemsize)
 
     names = cols.dtype.names

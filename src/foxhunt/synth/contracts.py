@@ -1,4 +1,4 @@
-"""CME equity-index futures as the demo data knows them: roots, quarterly contracts, sessions, rolls.
+"""CME equity-index futures as the demo data knows them: roots, contracts, sessions, rolls.
 
 Contracts expire on the third Friday of March, June, September and December (month codes H, M, U,
 Z). The demo market trades the front contract alone until `roll_days` trading days before its

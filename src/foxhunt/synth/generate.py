@@ -122,7 +122,9 @@ def file_name(root: str, day: dt.date, schema: str, compress: bool) -> str:
     return f"{root}/glbx-mdp3-{day:%Y%m%d}.{schema}{ext}"
 
 
-def definition_records(contracts: list[Contract], day: dt.date, tick: float, multiplier: float) -> bytes:
+def definition_records(
+    contracts: list[Contract], day: dt.date, tick: float, multiplier: float
+) -> bytes:
     ts = int(dt.datetime.combine(day, dt.time(), tzinfo=dt.UTC).timestamp()) * 1_000_000_000
     out = []
     for c in contracts:
@@ -229,7 +231,9 @@ def generate(cfg: SynthConfig, workers: int | None = None, progress=None) -> Syn
         else:
             ctx = mp.get_context("fork")  # workers inherit _PATHS
             with ctx.Pool(workers) as pool:
-                for counts in pool.imap_unordered(_write_day_star, [(cfg, stage, r, i) for r, i in jobs]):
+                for counts in pool.imap_unordered(
+                    _write_day_star, [(cfg, stage, r, i) for r, i in jobs]
+                ):
                     add(counts)
         res.files = totals.pop("files", 0)
         res.bytes_written = totals.pop("bytes", 0)

@@ -36,8 +36,8 @@ import numpy as np
 
 from foxhunt.dbn.layout import (
     LEVEL_DTYPE,
-    MBP10_DTYPE,
     LEVELS_OFFSET,
+    MBP10_DTYPE,
     OHLCV_DTYPE,
     PRICE_SCALE,
     RTYPE_MBP_0,
@@ -45,7 +45,14 @@ from foxhunt.dbn.layout import (
     RTYPE_OHLCV_1M,
     TRADE_DTYPE,
 )
-from foxhunt.synth.contracts import SESSIONS, Contract, RootSpec, front_and_next, next_share, session_open_ns
+from foxhunt.synth.contracts import (
+    SESSIONS,
+    Contract,
+    RootSpec,
+    front_and_next,
+    next_share,
+    session_open_ns,
+)
 
 NS_PER_MIN = 60_000_000_000
 RING = 16  # price slots per side (a power of two): more than the 10 visible levels
@@ -209,7 +216,9 @@ def day_records(
     # Moves: the opposite best level of the state before is gone afterwards. Its last lots trade
     # (the T record) and the rest is cancelled, as queues mostly thin out by cancels before the
     # price moves; whole-queue trades would swamp the planted flow with the return itself.
-    level_left = np.where(direction > 0, q_ask(rows, (b_before + 1) & RING_MASK), q_bid(rows, b_before & RING_MASK))
+    level_left = np.where(
+        direction > 0, q_ask(rows, (b_before + 1) & RING_MASK), q_bid(rows, b_before & RING_MASK)
+    )
     # Some decreases at the best level are trades; pressure decides the aggressor side. (Queue
     # sizes carry no pressure: bigger bid queues under buying pressure would make the moves
     # down, which take out a whole queue, sell more and cancel the signal out.)
