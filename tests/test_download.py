@@ -49,23 +49,19 @@ class FakeDatabento(http.server.BaseHTTPRequestHandler):
             self.end_headers()
             return
         if self.path == "/v0/metadata.get_cost":
-            body = json.dumps(type(self).cost).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self._send(json.dumps(type(self).cost).encode(), "application/json")
+        elif self.path == "/v0/timeseries.get_range":
+            self._send(type(self).payload, "application/octet-stream")
+        else:
+            self.send_response(400)
             self.end_headers()
-            self.wfile.write(body)
-            return
-        if self.path == "/v0/timeseries.get_range":
-            body = type(self).payload
-            self.send_response(200)
-            self.send_header("Content-Type", "application/octet-stream")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
-        self.send_response(400)
+
+    def _send(self, body: bytes, content_type: str) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture
