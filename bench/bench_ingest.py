@@ -10,6 +10,7 @@ validate every rule, convert to Arrow and write Parquet. Figures go to docs/perf
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import datetime as dt
 import os
 import platform
@@ -93,10 +94,15 @@ def raw_decode(f: Path) -> int:
     return len(recs)
 
 
+def pool_free_count(f: Path) -> int:
+    return raw_decode(f)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--days", type=int, default=30, help="trading days in the single-file test")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--month-days", type=int, default=21, help="trading days of day files")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="foxhunt-bench-"))
     try:
@@ -104,7 +110,7 @@ def main() -> None:
             f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
             f"python {platform.python_version()}, {dt.date.today()}"
         )
-        rates = synth_rate(min(args.days, 10), args.repeats, tmp)
+        rates = synth_rate(min(args.days, 10), max(args.repeats, 5), tmp)
         print(
             f"synth, 1 core:     {rates['.dbn'] / 1e6:5.2f} M MBP-10 records/s to .dbn, "
             f"{rates['.dbn.zst'] / 1e6:5.2f} M/s to .dbn.zst"
@@ -123,29 +129,42 @@ def main() -> None:
             ing, _ = _best(ingest, args.repeats)
             print(f"{ext:10} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {dec / ing:6.0%}")
 
-        # The demo layout: day files of two roots, all cores.
-        raw = tmp / "demo"
-        res = generate(SynthConfig(out=raw, start=dt.date(2024, 4, 1), end=dt.date(2024, 5, 1)))
+        # The demo layout: one MBP-10 file per root and day, all cores for decode and ingest.
+        cores = os.cpu_count() or 1
         print(
-            f"\ndemo month (ES+NQ, {res.files} files, {res.mbp10_records:,} MBP-10 records): "
-            f"synth {res.seconds:.1f} s on {os.cpu_count()} cores"
+            f"\nMBP-10 day files of ES and NQ ({args.month_days} trading days), {cores} processes:"
         )
-        for comp in ("lz4", "zstd"):
-
-            def ingest_all(comp=comp):
-                out = tmp / "out-all"
-                shutil.rmtree(out, ignore_errors=True)
-                return run_ingest(IngestConfig(raw=raw, out=out, force=True, compression=comp))
-
-            sec, _ = _best(ingest_all, args.repeats)
-            r = ingest_all()
-            size = sum(p.stat().st_size for p in (tmp / "out-all").rglob("*.parquet"))
-            print(
-                f"ingest all schemas, Parquet {comp}: {r.records / sec / 1e6:.2f} M records/s "
-                f"({r.records:,} records, {size / 1e6:.0f} MB)"
+        print(
+            f"{'files':10} {'records':>10} {'raw decode M/s':>15} {'ingest M/s':>11} {'ratio':>6}"
+        )
+        for compress in (False, True):
+            raw = tmp / f"month-{compress}"
+            res = generate(
+                SynthConfig(
+                    out=raw,
+                    start=dt.date(2024, 4, 1),
+                    end=dt.date(2024, 7, 1),
+                    schemas=("mbp-10",),
+                    compress=compress,
+                ),
             )
-            mbp = [x for x in r.files if x.schema == "mbp-10"]
-            print(f"  of which MBP-10 .dbn.zst: {sum(x.records for x in mbp):,} records")
+            files = sorted(raw.rglob("*.dbn*"))[: 2 * args.month_days]
+            for f in sorted(raw.rglob("*.dbn*")):
+                if f not in files:
+                    f.unlink()
+            with mp.get_context("fork").Pool(cores) as pool:
+                dec, _ = _best(lambda files=files: sum(pool.map(raw_decode, files)), args.repeats)
+            n = sum(pool_free_count(f) for f in files)
+
+            def ingest(raw=raw):
+                out = tmp / "out-month"
+                shutil.rmtree(out, ignore_errors=True)
+                run_ingest(IngestConfig(raw=raw, out=out, force=True))
+
+            ing, _ = _best(ingest, args.repeats)
+            ext = ".dbn.zst" if compress else ".dbn"
+            print(f"{ext:10} {n:10,} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {dec / ing:6.0%}")
+            del res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

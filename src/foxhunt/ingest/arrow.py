@@ -38,15 +38,18 @@ def _column(name: str, col: np.ndarray) -> pa.Array:
     if name in TIMESTAMP_FIELDS:
         raw = np.ascontiguousarray(col)
         mask = raw == UNDEF_TIMESTAMP
-        arr = pa.array(raw.view(np.int64), type=pa.int64(), mask=mask if mask.any() else None)
-        return arr.cast(TS_TYPE)
+        if mask.any():
+            arr = pa.array(raw.view(np.int64), type=pa.int64(), mask=mask)
+            return arr.cast(TS_TYPE)
+        return pa.Array.from_buffers(TS_TYPE, len(raw), [None, pa.py_buffer(raw)])
     if col.dtype.kind == "S":
         width = col.dtype.itemsize
         if width == 1:
-            # One ASCII character (action, side, flags-like enums): a fixed-size binary view,
-            # cast to string without a Python round trip.
-            buf = pa.py_buffer(np.ascontiguousarray(col).tobytes())
-            return pa.Array.from_buffers(pa.binary(1), len(col), [None, buf]).cast(pa.string())
+            # One ASCII character (action, side, ...): the bytes are the string data as they
+            # are, and the offsets just count 0, 1, 2, ...
+            data = pa.py_buffer(np.ascontiguousarray(col).view(np.uint8))
+            offsets = pa.py_buffer(np.arange(len(col) + 1, dtype=np.int32))
+            return pa.Array.from_buffers(pa.string(), len(col), [None, offsets, data])
         # NUL-padded C strings (symbols): decoded per value, only for definition records.
         return pa.array([v.decode("ascii", "replace") for v in col.tolist()], type=pa.string())
     return pa.array(np.ascontiguousarray(col))

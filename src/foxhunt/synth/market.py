@@ -238,7 +238,7 @@ def day_records(
     state = np.where(is_t, ev_of, ev_of + 1)
 
     n_rec = len(ev_of)
-    rec = np.zeros(n_rec, dtype=MBP10_DTYPE)
+    rec = np.empty(n_rec, dtype=MBP10_DTYPE)  # every byte is set below
     tick_ns = round(spec.tick * PRICE_SCALE)
     b_state = np.concatenate([[b_open], b_after])[state]
     # Book sizes: for each record's state, the ring slots of the ten visible levels. With the
@@ -265,17 +265,8 @@ def day_records(
     side = np.where(is_t, np.where(aggressor_buy, b"B", b"A"), np.where(sb, b"B", b"A"))
     price_tick = np.where(is_t, trade_px_tick, np.where(mv, tick[ev_of], tick[ev_of]))
 
-    rec["length"] = MBP10_DTYPE.itemsize // 4
-    rec["rtype"] = RTYPE_MBP_10
-    rec["publisher_id"] = PUBLISHER_GLBX
-    rec["ts_event"] = ts[ev_of]
-    rec["size"] = size
-    rec["action"] = action
-    rec["side"] = side
-    rec["flags"] = np.where(is_t, 0, F_LAST)
-    rec["depth"] = np.where(is_t | mv, 0, level[ev_of])
     latency = rng.integers(2_000, 40_000, n_rec)
-    rec["ts_in_delta"] = rng.integers(1_000, 20_000, n_rec)
+    ts_in_delta = rng.integers(1_000, 20_000, n_rec)
 
     # --- contracts: during the roll both trade; the next one at the front price + basis ------
     front, nxt = front_and_next(spec.root, day)
@@ -285,27 +276,29 @@ def day_records(
     off_front = (quarter_index(front) - base_quarter) * basis_ticks
     off_next = (quarter_index(nxt) - base_quarter) * basis_ticks
     offset = np.where(in_next, off_next, off_front)
-    rec["instrument_id"] = np.where(in_next, nxt.instrument_id, front.instrument_id)
-    rec["price"] = (price_tick + offset) * tick_ns
-    # The ten levels are filled as a packed [n, 10] array, then copied into the records as bytes.
-    book = np.empty((n_rec, LEVELS), dtype=LEVEL_DTYPE)
-    px0 = (b_state + offset) * tick_ns
-    depth_ns = np.arange(LEVELS, dtype=np.int64) * tick_ns  # int64: 9 ticks of ES overflow int32
-    book["bid_px"] = px0[:, None] - depth_ns
-    book["ask_px"] = (px0 + tick_ns)[:, None] + depth_ns
-    book["bid_sz"] = bid_sz
-    book["ask_sz"] = ask_sz
-    book["bid_ct"] = 1 + (bid_sz >> 3)
-    book["ask_ct"] = 1 + (ask_sz >> 3)
-    raw = rec.view(np.uint8).reshape(n_rec, MBP10_DTYPE.itemsize)
-    raw[:, LEVELS_OFFSET:] = book.view(np.uint8).reshape(n_rec, -1)
+    instrument = np.where(in_next, nxt.instrument_id, front.instrument_id)
     # Exchange sequence numbers per instrument; gateway receive time after the event.
     seq = np.empty(n_rec, dtype=np.int64)
     for iid in (front.instrument_id, nxt.instrument_id):
-        m = rec["instrument_id"] == iid
+        m = instrument == iid
         seq[m] = 1_000 + np.arange(int(m.sum()))
-    rec["sequence"] = seq
-    rec["ts_recv"] = np.maximum.accumulate(ts[ev_of] + latency)
+    header = {
+        "length": MBP10_DTYPE.itemsize // 4,
+        "rtype": RTYPE_MBP_10,
+        "publisher_id": PUBLISHER_GLBX,
+        "instrument_id": instrument,
+        "ts_event": ts[ev_of],
+        "price": (price_tick + offset) * tick_ns,
+        "size": size,
+        "action": action,
+        "side": side,
+        "flags": np.where(is_t, 0, F_LAST),
+        "depth": np.where(is_t | mv, 0, level[ev_of]),
+        "ts_recv": np.maximum.accumulate(ts[ev_of] + latency),
+        "ts_in_delta": ts_in_delta,
+        "sequence": seq,
+    }
+    _fill_records(rec, header, (b_state + offset) * tick_ns, tick_ns, bid_sz, ask_sz)
     contracts = [front] if share == 0.0 else [front, nxt]
     return DayRecords(rec, contracts)
 
@@ -326,6 +319,48 @@ def _forward_fill(
     last[rows + 1, slot[rows]] = RING + rows
     np.maximum.accumulate(last, axis=0, out=last)
     return last, np.concatenate([init, value])
+
+
+FILL_BLOCK = 2048  # records per block: 750 kB of MBP-10, so one block's passes stay in cache
+
+
+def _fill_records(
+    rec: np.ndarray,
+    header: dict,
+    px0: np.ndarray,
+    tick_ns: int,
+    bid_sz: np.ndarray,
+    ask_sz: np.ndarray,
+) -> None:
+    """Write every field of the records block by block. Each field is one pass over the block;
+    done over the whole day at once, the ~20 passes would each stream the whole array through
+    memory, which cost more than computing the values."""
+    depth_ns = np.arange(LEVELS, dtype=np.int64) * tick_ns  # int64: 9 ticks of ES overflow int32
+    for lo in range(0, len(rec), FILL_BLOCK):
+        hi = min(lo + FILL_BLOCK, len(rec))
+        blk = rec[lo:hi]
+        for name, v in header.items():
+            blk[name] = v if np.isscalar(v) else v[lo:hi]
+        p0 = px0[lo:hi, None]
+        np.subtract(p0, depth_ns, out=_level_field(blk, "bid_px"))
+        np.add(p0 + tick_ns, depth_ns, out=_level_field(blk, "ask_px"))
+        for side, sz in (("bid", bid_sz[lo:hi]), ("ask", ask_sz[lo:hi])):
+            _level_field(blk, f"{side}_sz")[...] = sz
+            ct = sz >> 3
+            ct += 1
+            _level_field(blk, f"{side}_ct")[...] = ct
+
+
+def _level_field(rec: np.ndarray, name: str) -> np.ndarray:
+    """[n, 10] writable view of one book-level field (bid_px, ask_sz, ...) of MBP-10 records."""
+    dt, off = LEVEL_DTYPE.fields[name][:2]
+    return np.ndarray(
+        (len(rec), LEVELS),
+        dtype=dt,
+        buffer=rec,
+        offset=LEVELS_OFFSET + off,
+        strides=(rec.dtype.itemsize, LEVEL_DTYPE.itemsize),
+    )
 
 
 def _ring_window(ring: np.ndarray, rows: np.ndarray, start: np.ndarray) -> np.ndarray:
