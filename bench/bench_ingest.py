@@ -10,8 +10,8 @@ validate every rule, convert to Arrow and write Parquet. Figures go to docs/perf
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import datetime as dt
+import multiprocessing as mp
 import os
 import platform
 import shutil
