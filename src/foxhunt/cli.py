@@ -2,6 +2,7 @@
 
     foxhunt synth --help      demo market data as DBN files
     foxhunt ingest --help     DBN files (or a Databento download) -> validated Parquet
+    foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
 `--help` text) and calls the step's one function, exactly as the KFP component does.
@@ -11,13 +12,16 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Annotated, Union
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal, Union
 
 import tyro
 from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from foxhunt.fxcache import list_caches, verify
 from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
 from foxhunt.synth.generate import SynthConfig, generate
 
@@ -52,6 +56,42 @@ def cmd_synth(cfg: SynthConfig) -> int:
     return 0
 
 
+@dataclass
+class FxcacheCommand:
+    """List the fxcache's caches, or verify their checksums."""
+
+    action: tyro.conf.Positional[Literal["ls", "verify"]]
+    """ls: one line per cache; verify: recompute every checksum and report damage."""
+    root: Path = Path("data/fxcache")
+    """Cache root (the fxcache volume in the cluster)."""
+    key: str | None = None
+    """Only this cache (default: all)."""
+
+
+def cmd_fxcache(cfg: FxcacheCommand) -> int:
+    rows = [r for r in list_caches(cfg.root) if cfg.key in (None, r["key"])]
+    if cfg.action == "ls":
+        if not rows:
+            print(f"no caches under {cfg.root}")
+        for r in rows:
+            print(
+                f"{r['key']}  {r['symbol']:6} {r['bar_size']:4} {r['start']} .. {r['end']}  "
+                f"{r['rows']:>10,} rows  {r['bytes'] / 1e6:9.1f} MB"
+            )
+        return 0
+    bad = 0
+    for r in rows:
+        problems = verify(cfg.root / r["key"])
+        if problems:
+            bad += 1
+            print(f"{r['key']}  DAMAGED: " + "; ".join(problems))
+        else:
+            print(f"{r['key']}  ok")
+    if bad:
+        print(f"{bad} damaged cache(s): the next precompute recomputes them")
+    return 1 if bad else 0
+
+
 def cmd_ingest(cfg: IngestConfig) -> int:
     try:
         with _progress() as progress:
@@ -66,6 +106,7 @@ def cmd_ingest(cfg: IngestConfig) -> int:
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
     "ingest": (cmd_ingest, IngestConfig),
+    "fxcache": (cmd_fxcache, FxcacheCommand),
 }
 
 

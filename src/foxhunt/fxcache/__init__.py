@@ -1,0 +1,23 @@
+"""The fxcache: precomputed features, order flow, targets and timestamps, memory-mapped."""
+
+from foxhunt.fxcache.store import (
+    FxCache,
+    FxCacheError,
+    cache_key,
+    check_structure,
+    get_or_compute,
+    list_caches,
+    publish,
+    verify,
+)
+
+__all__ = [
+    "FxCache",
+    "FxCacheError",
+    "cache_key",
+    "check_structure",
+    "get_or_compute",
+    "list_caches",
+    "publish",
+    "verify",
+]
