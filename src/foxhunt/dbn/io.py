@@ -141,13 +141,6 @@ def read_header(stream: BinaryIO, path: Path, compressed: bool) -> DbnHeader:
     )
 
 
-def peek_header(path: os.PathLike | str) -> DbnHeader:
-    path = Path(path)
-    stream, compressed = _open_decompressed(path)
-    with stream:
-        return read_header(stream, path, compressed)
-
-
 @dataclass
 class Chunk:
     records: np.ndarray

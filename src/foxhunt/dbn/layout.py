@@ -116,14 +116,3 @@ LEVEL_DTYPE = np.dtype(
 )
 LEVELS_OFFSET = 48  # byte offset of levels[0] in an MBP-10 record
 assert MBP10_DTYPE.fields["bid_px_00"][1] == LEVELS_OFFSET
-
-
-def levels_view(recs: np.ndarray) -> np.ndarray:
-    """The ten book levels of MBP-10 records as an [n, 10] LEVEL_DTYPE view (no copy)."""
-    return np.ndarray(
-        (len(recs), 10),
-        dtype=LEVEL_DTYPE,
-        buffer=recs.data if recs.flags.c_contiguous else np.ascontiguousarray(recs).data,
-        offset=LEVELS_OFFSET,
-        strides=(recs.dtype.itemsize, LEVEL_DTYPE.itemsize),
-    )

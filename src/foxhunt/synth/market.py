@@ -9,18 +9,19 @@ The model, per root symbol, at the bar level (one bar = one minute of the sessio
     r[t]     = sigma[t] * (rho * s[t-1] + sqrt(1 - rho**2) * e[t])          (log return)
 
 So the order flow of bar t leads the return of bar t+1 with correlation `rho` (the planted
-signal, `SynthConfig.signal`). During bar t the pressure s[t] shows in the order book: trades
-are buy-initiated with probability (1 + tanh(2 * flow * s[t])) / 2 and queues at the best bid grow
-(at the best ask shrink) by a factor exp(flow * s[t]). Order-flow imbalance (Cont, Kukanov,
-Stoikov 2014) measured over bar t therefore carries s[t], and predicts r[t+1].
+signal, `SynthConfig.signal`). During bar t the pressure s[t] shows in the trades: a decrease of
+the best ask is a buy trade with probability (1 + tanh(2 * flow * s[t])) / 2, a decrease of the
+best bid a sell trade with the complementary one. Signed trade volume and order-flow imbalance
+(Cont, Kukanov, Stoikov 2014) over bar t therefore carry s[t] and predict r[t+1]; with the demo
+defaults, corr(signed volume of bar t, return of bar t+1) is about 0.07 (tests check it).
 
 Events. Inside a bar the best bid moves by whole ticks: the bar's net move round(r * price /
-tick) plus Poisson pairs of up and down moves. Each move is a trade that takes out the whole
-best level on one side (a `T` record with the book before it) followed by an `A` record showing
-the shifted book with a new best level. Between moves, adds, cancels and modifies change the size
-of one of the ten visible levels, and some decreases at the best level are trades (`T` then `C`).
-The spread is always one tick; sizes and order counts are positive on all ten levels, so books
-never cross.
+tick) plus Poisson pairs of up and down moves. At a move the opposite best level is gone: its
+last few lots trade (a `T` record with the book before) and the rest is cancelled, and an `A`
+record shows the shifted book with a thin new best level. Between moves, adds, cancels and
+modifies change the size of one of the ten visible levels, and some decreases at the best level
+are trades (`T`, then the `C` that shrinks the queue). The spread is always one tick; sizes and
+order counts are positive on all ten levels, so books never cross.
 
 Queue sizes live in a ring of 16 price slots per side (price tick mod 16): an event assigns a new
 size to one slot, and the state after every event is a forward fill of those assignments. That
@@ -258,12 +259,12 @@ def day_records(
     action = np.where(
         is_t,
         b"T",
-        np.where(mv | (delta[ev_of] > 0), b"A", np.where(is_trade[ev_of], b"C", b"C")),
+        np.where(mv | (delta[ev_of] > 0), b"A", b"C"),
     )
     modify = (~is_t) & (~mv) & (rng.random(n_rec) < 0.1)
     action = np.where(modify, b"M", action)
     side = np.where(is_t, np.where(aggressor_buy, b"B", b"A"), np.where(sb, b"B", b"A"))
-    price_tick = np.where(is_t, trade_px_tick, np.where(mv, tick[ev_of], tick[ev_of]))
+    price_tick = np.where(is_t, trade_px_tick, tick[ev_of])
 
     latency = rng.integers(2_000, 40_000, n_rec)
     ts_in_delta = rng.integers(1_000, 20_000, n_rec)
