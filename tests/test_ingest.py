@@ -112,20 +112,18 @@ def test_rerun_does_no_work_and_changes_redo_it(small_raw, tmp_path):
 # --- validation rules, each with a malformed file made here -----------------------------------
 
 
-def _mbp_file(tmp: Path, recs: np.ndarray, name="glbx-mdp3-20240102.mbp-10.dbn", version=3) -> Path:
+def _dbn_file(tmp: Path, recs: np.ndarray, schema: str, name: str, symbols: dict, version=3):
+    day = dt.date(2024, 1, 2)
     meta = encode_metadata(
-        "GLBX.MDP3",
-        "mbp-10",
-        0,
-        10**18,
-        {"ESH4": 42},
-        dt.date(2024, 1, 2),
-        dt.date(2024, 1, 3),
-        version=version,
+        "GLBX.MDP3", schema, 0, 10**18, symbols, day, day + dt.timedelta(days=1), version=version
     )
     path = tmp / "raw" / name
     write_dbn(path, meta, recs)
     return path
+
+
+def _mbp_file(tmp: Path, recs: np.ndarray, name="glbx-mdp3-20240102.mbp-10.dbn") -> Path:
+    return _dbn_file(tmp, recs, "mbp-10", name, {"ESH4": 42})
 
 
 def _good_mbp(n=50) -> np.ndarray:
@@ -279,17 +277,7 @@ def test_dbn_v1_file_ingests(tmp_path):
     recs["length"], recs["rtype"], recs["instrument_id"] = 14, 0x21, 7
     recs["ts_event"] = np.arange(3) * 60_000_000_000 + 1_704_205_800_000_000_000
     recs["open"] = recs["high"] = recs["low"] = recs["close"] = 100_000_000_000
-    meta = encode_metadata(
-        "GLBX.MDP3",
-        "ohlcv-1m",
-        0,
-        10**18,
-        {"ESH4": 7},
-        dt.date(2024, 1, 2),
-        dt.date(2024, 1, 3),
-        version=1,
-    )
-    write_dbn(tmp_path / "raw" / "v1.ohlcv-1m.dbn", meta, recs)
+    _dbn_file(tmp_path, recs, "ohlcv-1m", "v1.ohlcv-1m.dbn", {"ESH4": 7}, version=1)
     res = _ingest(tmp_path / "raw", tmp_path / "out")
     assert res.files[0].version == 1
     assert _read(tmp_path / "out", "ohlcv-1m")["close"].to_list() == [100_000_000_000] * 3
