@@ -18,7 +18,13 @@ import zstandard
 
 from foxhunt.dbn.io import encode_metadata, read_all, write_dbn
 from foxhunt.dbn.layout import MBP10_DTYPE, OHLCV_DTYPE
-from foxhunt.ingest.core import IngestConfig, IngestError, load_manifest, run_ingest
+from foxhunt.ingest.core import (
+    IngestConfig,
+    IngestError,
+    file_digest,
+    load_manifest,
+    run_ingest,
+)
 from foxhunt.synth.generate import DATASET
 
 
@@ -71,6 +77,10 @@ def test_synth_round_trip_keeps_every_record(small_raw, tmp_path):
     assert len(res.files) == len(files)
     man = load_manifest(out)
     assert man["validation"]["records_read"] == man["validation"]["records_written"]
+    # digests taken while decoding equal a separate read of each whole file
+    assert {i["path"]: i["digest"] for i in man["inputs"]} == {
+        str(f.relative_to(small_raw)): file_digest(f) for f in files
+    }
     mbp_files = [f for f in files if ".mbp-10." in f.name]
     recs = np.concatenate([read_all(f)[1] for f in mbp_files])
     got = _read(out, "mbp-10")
@@ -280,6 +290,7 @@ def test_dbn_v1_file_ingests(tmp_path):
     _dbn_file(tmp_path, recs, "ohlcv-1m", "v1.ohlcv-1m.dbn", {"ESH4": 7}, version=1)
     res = _ingest(tmp_path / "raw", tmp_path / "out")
     assert res.files[0].version == 1
+    assert res.files[0].digest == file_digest(tmp_path / "raw" / "v1.ohlcv-1m.dbn")  # plain file
     assert _read(tmp_path / "out", "ohlcv-1m")["close"].to_list() == [100_000_000_000] * 3
 
 

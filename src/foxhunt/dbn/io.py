@@ -59,10 +59,40 @@ class DbnHeader:
         return out
 
 
-def _open_decompressed(path: Path) -> tuple[BinaryIO, bool]:
+class _HashingFile:
+    """A read-only file that feeds every byte read into a hash: the input's digest comes from
+    the one pass that decodes it, not from reading the file a second time."""
+
+    def __init__(self, f: BinaryIO, hasher) -> None:
+        self.f, self.hasher = f, hasher
+
+    def read(self, n: int = -1) -> bytes:
+        b = self.f.read(n)
+        self.hasher.update(b)
+        return b
+
+    def readinto(self, buf) -> int:
+        k = self.f.readinto(buf)
+        if k:
+            self.hasher.update(memoryview(buf)[:k])
+        return k
+
+    def close(self) -> None:
+        self.f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _open_decompressed(path: Path, hasher=None) -> tuple[BinaryIO, bool]:
     f = open(path, "rb")
     head = f.read(4)
     f.seek(0)
+    if hasher is not None:
+        f = _HashingFile(f, hasher)
     if head == ZSTD_MAGIC:
         reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
         return reader, True
@@ -151,15 +181,20 @@ class Chunk:
 
 
 def iter_chunks(
-    path: os.PathLike | str, chunk_records: int = 1 << 18, allow_truncated_tail: bool = False
+    path: os.PathLike | str,
+    chunk_records: int = 1 << 18,
+    allow_truncated_tail: bool = False,
+    hasher=None,
 ) -> tuple[DbnHeader, Iterator[Chunk]]:
     """The header, and an iterator over the records in chunks of at most `chunk_records`.
 
     Memory stays bounded by one chunk. A trailing partial record is an error, or with
     `allow_truncated_tail` it is dropped and reported through `TruncatedTail` at the end.
+    A `hasher` (hashlib object) receives the file's bytes as they are read; once the iterator
+    is exhausted it holds the digest of the whole file.
     """
     path = Path(path)
-    stream, compressed = _open_decompressed(path)
+    stream, compressed = _open_decompressed(path, hasher)
     try:
         header = read_header(stream, path, compressed)
     except BaseException:

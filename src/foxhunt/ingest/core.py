@@ -200,7 +200,10 @@ def ingest_file(
 ) -> FileReport:
     quarantine = cfg.on_error == "quarantine"
     try:
-        header, chunks = iter_chunks(path, cfg.chunk_records, allow_truncated_tail=quarantine)
+        hasher = hashlib.sha256()
+        header, chunks = iter_chunks(
+            path, cfg.chunk_records, allow_truncated_tail=quarantine, hasher=hasher
+        )
     except DbnFormatError as e:
         raise IngestError(str(e)) from None
     named = _schema_from_name(path.name)
@@ -253,6 +256,7 @@ def ingest_file(
         raise IngestError(str(e)) from None
     finally:
         sink.close()
+    rep.digest = hasher.hexdigest()[:32]  # the whole file went through the hasher
     if bad_parts:
         q = stage / "quarantine" / f"schema={header.schema}" / f"file={path.name}.parquet"
         q.parent.mkdir(parents=True, exist_ok=True)
@@ -398,7 +402,8 @@ def _ingest_star(args: tuple[Path, int]) -> FileReport:
     path, file_no = args
     rep = ingest_file(path, _WORK["stage"], file_no, _WORK["cfg"], _WORK["definitions"])
     st = path.stat()
-    rep.size, rep.mtime_ns, rep.digest = st.st_size, st.st_mtime_ns, file_digest(path)
+    rep.size, rep.mtime_ns = st.st_size, st.st_mtime_ns
+    rep.digest = rep.digest or file_digest(path)  # files skipped by --schemas were not read
     return rep
 
 
