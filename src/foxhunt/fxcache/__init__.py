@@ -7,6 +7,7 @@ from foxhunt.fxcache.store import (
     check_structure,
     get_or_compute,
     list_caches,
+    lookup,
     publish,
     verify,
 )
@@ -18,6 +19,7 @@ __all__ = [
     "check_structure",
     "get_or_compute",
     "list_caches",
+    "lookup",
     "publish",
     "verify",
 ]

@@ -180,20 +180,29 @@ def publish(root: Path, key: str, arrays: dict[str, np.ndarray], manifest: dict)
     return final
 
 
-def get_or_compute(
-    root: Path, key: str, compute: Callable[[], tuple[dict[str, np.ndarray], dict]]
-) -> tuple[FxCache, bool]:
-    """(cache, hit). A hit does no work beyond cheap structure checks; a cache that fails them
-    (or was marked corrupt by `verify`) is moved aside and computed again."""
+def lookup(root: Path, key: str) -> FxCache | None:
+    """The cache under `root/key` after cheap structure checks (logged as a hit), or None (a
+    miss). A cache that fails the checks is moved aside, logged, and counts as a miss."""
     path = root / key
     if path.exists():
         problems = check_structure(path)
         if not problems:
             log.info("fxcache hit %s", key)
-            return FxCache.open(path), True
+            return FxCache.open(path)
         log.warning("fxcache %s is damaged (%s); recomputing", key, "; ".join(problems))
         quarantine(path)
     log.info("fxcache miss %s", key)
+    return None
+
+
+def get_or_compute(
+    root: Path, key: str, compute: Callable[[], tuple[dict[str, np.ndarray], dict]]
+) -> tuple[FxCache, bool]:
+    """(cache, hit). A hit does no work beyond cheap structure checks; a damaged cache is moved
+    aside and computed again."""
+    cache = lookup(root, key)
+    if cache is not None:
+        return cache, True
     arrays, manifest = compute()
     return FxCache.open(publish(root, key, arrays, manifest)), False
 
