@@ -25,10 +25,14 @@ synth: setup ## Generate the demo market data (6 months of ES and NQ as DBN) int
 ingest: setup ## Validate data/raw into partitioned Parquet under data/ingested
 	$(BIN)/foxhunt ingest --raw $(DATA)/raw --out $(DATA)/ingested
 
-run: synth ingest ## The pipeline end to end on demo data (grows with each stage)
+precompute: setup ## Bars, features and order flow of data/ingested into the fxcache (data/fxcache)
+	$(BIN)/foxhunt precompute --data $(DATA)/ingested --out $(DATA)/fxcache
+
+run: synth ingest precompute ## The pipeline end to end on demo data (grows with each stage)
 	@echo
 	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"
 	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
+	@echo "fxcache:             $(DATA)/fxcache         (foxhunt fxcache ls; docs/features.md)"
 
 test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
@@ -44,7 +48,10 @@ format: setup ## Format the code with ruff
 bench: setup ## Run the CPU benchmarks (synth and ingest throughput)
 	$(BIN)/python bench/bench_ingest.py
 
+features-doc: setup ## Regenerate the feature table in docs/features.md from the catalogue
+	$(BIN)/python -c "from foxhunt.precompute.features import write_docs; write_docs()"
+
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest run test lint format bench clean
+.PHONY: help setup synth ingest precompute run test lint format bench features-doc clean

@@ -172,3 +172,7 @@ def test_cli_ls_and_verify(tmp_path):
     f.write_bytes(bytes(data))
     out = subprocess.run([*run, "verify", "--root", str(tmp_path)], capture_output=True, text=True)
     assert out.returncode == 1 and "DAMAGED" in out.stdout and "ofi.npy: checksum" in out.stdout
+    # moved aside, so the next lookup is a miss and the cache is computed again
+    assert not (tmp_path / "k1").exists() and list(tmp_path.glob(".corrupt-k1-*"))
+    c, hit = get_or_compute(tmp_path, "k1", lambda: (_arrays(10), META))
+    assert not hit and verify(c.path) == []

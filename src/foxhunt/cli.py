@@ -2,6 +2,7 @@
 
     foxhunt synth --help      demo market data as DBN files
     foxhunt ingest --help     DBN files (or a Databento download) -> validated Parquet
+    foxhunt precompute --help ingested data -> the fxcache (bars, features, order flow)
     foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
@@ -22,7 +23,10 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from foxhunt.fxcache import list_caches, verify
+from foxhunt.fxcache.store import quarantine
 from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
+from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
+from foxhunt.precompute.source import SourceError
 from foxhunt.synth.generate import SynthConfig, generate
 
 console = Console(stderr=True)
@@ -61,7 +65,8 @@ class FxcacheCommand:
     """List the fxcache's caches, or verify their checksums."""
 
     action: tyro.conf.Positional[Literal["ls", "verify"]]
-    """ls: one line per cache; verify: recompute every checksum and report damage."""
+    """ls: one line per cache; verify: recompute every checksum; a damaged cache is reported and
+    moved aside (`.corrupt-<key>-*`), so the next precompute computes it again."""
     root: Path = Path("data/fxcache")
     """Cache root (the fxcache volume in the cluster)."""
     key: str | None = None
@@ -84,7 +89,8 @@ def cmd_fxcache(cfg: FxcacheCommand) -> int:
         problems = verify(cfg.root / r["key"])
         if problems:
             bad += 1
-            print(f"{r['key']}  DAMAGED: " + "; ".join(problems))
+            moved = quarantine(cfg.root / r["key"])
+            print(f"{r['key']}  DAMAGED: " + "; ".join(problems) + f" (moved to {moved.name})")
         else:
             print(f"{r['key']}  ok")
     if bad:
@@ -103,9 +109,21 @@ def cmd_ingest(cfg: IngestConfig) -> int:
     return 0
 
 
+def cmd_precompute(cfg: PrecomputeConfig) -> int:
+    try:
+        with _progress() as progress:
+            res = run_precompute(cfg, progress=progress)
+    except (PrecomputeError, SourceError) as e:
+        console.print(f"[red]precompute failed:[/red] {e}")
+        return 1
+    print(res.summary())
+    return 0
+
+
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
     "ingest": (cmd_ingest, IngestConfig),
+    "precompute": (cmd_precompute, PrecomputeConfig),
     "fxcache": (cmd_fxcache, FxcacheCommand),
 }
 

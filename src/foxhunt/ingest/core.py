@@ -70,8 +70,9 @@ class IngestConfig:
     """Files ingested in parallel (0: one per CPU core)."""
     write_threads: int = 2
     """Background threads per process writing Parquet while the next chunk is decoded."""
-    compression: Literal["snappy", "lz4", "zstd", "none"] = "snappy"
-    """Parquet compression: snappy writes fastest; zstd is about half the size and slower."""
+    compression: Literal["lz4", "snappy", "zstd", "none"] = "lz4"
+    """Parquet compression: lz4 writes as fast as snappy and reads ~35% faster (precompute
+    reads every MBP-10 level); zstd is about half the size and slower both ways."""
     force: bool = False
     """Ingest even if the inputs and settings are unchanged since the last run."""
     download: bool = False

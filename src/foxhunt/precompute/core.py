@@ -38,7 +38,6 @@ from foxhunt.precompute.orderflow import (
 from foxhunt.precompute.roll import Schedule, front_schedule
 from foxhunt.precompute.source import (
     NS_PER_DAY,
-    SourceError,
     daily_trades,
     partitions,
     read_events,
@@ -232,9 +231,7 @@ def run_precompute(cfg: PrecomputeConfig, progress=None) -> PrecomputeResult:
             if pool is not None:
                 pool.terminate()
                 pool.join()
-    return PrecomputeResult(
-        cfg.out, [results[s] for s in cfg.symbols], time.perf_counter() - t0
-    )
+    return PrecomputeResult(cfg.out, [results[s] for s in cfg.symbols], time.perf_counter() - t0)
 
 
 def _result(sym: str, cache: FxCache, hit: bool, events: int = 0, seconds: float = 0.0):
@@ -250,7 +247,7 @@ def _compute(cfg, todo, bar_ns, source, pool, progress):
     contracts = {sym: root_contracts(cfg.data, sym) for sym in todo}
     # 1. daily volume and last price per contract -> the roll schedule per root
     tasks = []
-    for sym, cs in contracts.items():
+    for cs in contracts.values():
         for c in cs:
             schema = "trades" if partitions(cfg.data, "trades", c.symbol) else "mbp-10"
             files = [f for fs in partitions(cfg.data, schema, c.symbol).values() for f in fs]
@@ -349,8 +346,8 @@ def assemble(
         raw = np.where(traded, bars[k], bars["close"][np.maximum(last, 0)])
         # the previous close is adjusted by its own day's factor: a no-trade first bar of a
         # roll day carries the old contract's close converted to the new factor's scale
-        px[k] = raw.astype(np.float64) * PRICE_SCALE * np.where(
-            traded, fac, fac[np.maximum(last, 0)]
+        px[k] = (
+            raw.astype(np.float64) * PRICE_SCALE * np.where(traded, fac, fac[np.maximum(last, 0)])
         )
     first = int(np.argmax(keep))
     sl = slice(first, n)

@@ -1,7 +1,7 @@
 """The 42 market features, computed per bar from the back-adjusted OHLCV series.
 
 `CATALOGUE` is the single source of truth: index, name, formula, lookback and source of every
-feature. `docs/features.md` is generated from it (`python -m foxhunt.precompute.features`), and a
+feature. The table in `docs/features.md` is generated from it (`make features-doc`), and a
 test checks that the two agree. Technical indicators come from TA-Lib where TA-Lib has them;
 everything else is plain numpy written from the formula. Every value at bar t uses bars <= t only;
 the lookback column says how many earlier bars it needs (warm-up rows are dropped later).
@@ -192,7 +192,9 @@ def market_features(o, h, l, c, v) -> np.ndarray:  # noqa: E741 - OHLC names
     out[:, 18] = np.log1p(v)
     out[:, 19] = _ratio(v, talib.SMA(v, 20), 1.0)
     vm = _window_mean(v, 60)
-    vs = np.sqrt(np.maximum(_window_mean(v * v, 60) - vm * vm, 0.0))
+    vs = np.full(n, np.nan)
+    if n >= 60:
+        vs[59:] = sliding_window_view(v, 60).std(axis=1)  # two-pass: exactly 0 when constant
     out[:, 20] = np.where(np.isnan(vm), np.nan, _ratio(v - vm, vs, 0.0))
     out[:, 21] = talib.MFI(h, l, c, v, 14)
     out[:, 22] = talib.RSI(c, 14)
@@ -234,5 +236,12 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":
-    print(markdown_table(), end="")
+def write_docs(path: str = "docs/features.md") -> None:
+    """Replace the generated table in docs/features.md (between its catalogue markers)."""
+    from pathlib import Path
+
+    doc = Path(path).read_text()
+    begin = doc.index("<!-- catalogue:begin")
+    begin = doc.index("\n", begin) + 1
+    end = doc.index("<!-- catalogue:end -->")
+    Path(path).write_text(doc[:begin] + markdown_table() + doc[end:])

@@ -6,18 +6,10 @@ Two steps, both vectorised (numpy; no per-event Python loop):
    per-bar sums: trade OHLCV, aggressor volumes, the per-level order-flow imbalance of every event
    summed over the bar, depth sums, and the 10-level book at the bar's close. A bar closing at `t`
    holds the events with `t - bar_ns < ts_event <= t`.
-2. `ofi_features(bars, params)` turns the day-concatenated aggregates into the eight features:
-
-   | idx | name            | definition (per bar t)                                              |
-   | --- | --------------- | ------------------------------------------------------------------- |
-   | 0   | ofi_l1          | sum of e_n at level 1 over the bar / mean level-1 depth (Cont, Kukanov, Stoikov 2014) |
-   | 1   | mlofi_5         | sum over levels 1-5 of the level OFIs / mean per-level depth (Xu, Gould, Howison 2019) |
-   | 2   | depth_imbalance | (bid - ask) / (bid + ask) of the sizes on all 10 levels at the close |
-   | 3   | vpin            | VPIN over the last 50 volume buckets, bulk volume classification (Easley, Lopez de Prado, O'Hara 2012) |
-   | 4   | kyle_lambda     | rolling OLS slope of bar return (bp) on net aggressor volume x that volume's std (Kyle 1985) |
-   | 5   | bid_slope       | OLS slope of log cumulative bid depth on distance from mid (bp) at the close |
-   | 6   | ask_slope       | same for the ask side                                               |
-   | 7   | trade_imbalance | (buy - sell) / (buy + sell) aggressor volume                        |
+2. `ofi_features(bars, close, bucket_volume, params)` turns the day-concatenated aggregates into
+   the eight features: ofi_l1 (Cont, Kukanov, Stoikov 2014), mlofi_5 (Xu, Gould, Howison 2019),
+   depth_imbalance, vpin (Easley, Lopez de Prado, O'Hara 2012), kyle_lambda, bid_slope,
+   ask_slope, trade_imbalance. Their definitions are in docs/features.md.
 
 The event OFI of Cont, Kukanov and Stoikov at a level, between events n-1 and n, is
 
@@ -114,9 +106,7 @@ def event_ofi(bid_px, bid_sz, ask_px, ask_sz) -> np.ndarray:
     b_dn = bp[1:] <= bp[:-1]
     a_dn = ap[1:] <= ap[:-1]
     a_up = ap[1:] >= ap[:-1]
-    e[1:] = (
-        b_up * bid_sz[1:] - b_dn * bid_sz[:-1] - a_dn * ask_sz[1:] + a_up * ask_sz[:-1]
-    )
+    e[1:] = b_up * bid_sz[1:] - b_dn * bid_sz[:-1] - a_dn * ask_sz[1:] + a_up * ask_sz[:-1]
     return e
 
 

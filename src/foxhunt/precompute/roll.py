@@ -21,6 +21,7 @@ contract (classic back-adjustment) is this one divided by the last factor, a sin
 from __future__ import annotations
 
 import logging
+from itertools import pairwise
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,7 @@ def front_schedule(
     front = max((s for s in order if (s, d0) in vol), key=lambda s: (vol[s, d0], -order[s]))
     fronts, factors, rolls = [front], [1.0], []
     factor = 1.0
-    for prev, day in zip(all_days[:-1], all_days[1:], strict=True):
+    for prev, day in pairwise(all_days):
         later = [s for s in order if order[s] > order[front] and (s, prev) in vol]
         best = max(later, key=lambda s: (vol[s, prev], -order[s]), default=None)
         to = None

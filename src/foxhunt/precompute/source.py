@@ -31,7 +31,10 @@ NS_PER_HOUR = 3_600_000_000_000
 SESSION_SHIFT_NS = 7 * NS_PER_HOUR  # 17:00 Central + 7 h = midnight of the trading date
 
 LEVEL_COLUMNS = tuple(
-    f"{side}_{kind}_{i:02d}" for kind in ("px", "sz") for side in ("bid", "ask") for i in range(LEVELS)
+    f"{side}_{kind}_{i:02d}"
+    for kind in ("px", "sz")
+    for side in ("bid", "ask")
+    for i in range(LEVELS)
 )
 EVENT_COLUMNS = ("ts_event", "action", "side", "price", "size", *LEVEL_COLUMNS)
 
@@ -180,7 +183,8 @@ def read_events(files: list[Path], trading_day: int) -> Events:
         return a if order is None else a[order]
 
     def levels(side, kind):
-        return np.stack([col(f"{side}_{kind}_{i:02d}") for i in range(LEVELS)], axis=1)
+        # [10, n] rows copied contiguously, returned as the [n, 10] (column-major) view
+        return np.vstack([col(f"{side}_{kind}_{i:02d}") for i in range(LEVELS)]).T
 
     action, side = _char(t, "action"), _char(t, "side")
     if order is not None:
