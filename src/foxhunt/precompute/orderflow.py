@@ -13,7 +13,8 @@ Two steps, both vectorised (numpy; no per-event Python loop):
 
 The event OFI of Cont, Kukanov and Stoikov at a level, between events n-1 and n, is
 
-    e_n = 1{Pb_n >= Pb_n-1} qb_n - 1{Pb_n <= Pb_n-1} qb_n-1 - 1{Pa_n <= Pa_n-1} qa_n + 1{Pa_n >= Pa_n-1} qa_n-1
+    e_n = 1{Pb_n >= Pb_n-1} qb_n - 1{Pb_n <= Pb_n-1} qb_n-1
+        - 1{Pa_n <= Pa_n-1} qa_n + 1{Pa_n >= Pa_n-1} qa_n-1
 
 with an empty level read as price -inf (bid) or +inf (ask) and size 0. Xu, Gould and Howison
 apply the same formula to each of the first levels; `mlofi_5` weights the five levels equally.

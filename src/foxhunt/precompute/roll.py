@@ -21,8 +21,8 @@ contract (classic back-adjustment) is this one divided by the last factor, a sin
 from __future__ import annotations
 
 import logging
-from itertools import pairwise
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 
