@@ -103,7 +103,7 @@ def cmd_ingest(cfg: IngestConfig) -> int:
         with _progress() as progress:
             res = run_ingest(cfg, progress=progress)
     except IngestError as e:
-        console.print(f"[red]ingest failed:[/red] {e}")
+        console.print(f"[red]ingest failed:[/red] {e}", soft_wrap=True)
         return 1
     print(res.summary())
     return 0
@@ -114,7 +114,7 @@ def cmd_precompute(cfg: PrecomputeConfig) -> int:
         with _progress() as progress:
             res = run_precompute(cfg, progress=progress)
     except (PrecomputeError, SourceError) as e:
-        console.print(f"[red]precompute failed:[/red] {e}")
+        console.print(f"[red]precompute failed:[/red] {e}", soft_wrap=True)
         return 1
     print(res.summary())
     return 0

@@ -128,7 +128,12 @@ def read_table(files: list[Path], columns: tuple[str, ...]) -> pa.Table:
         tables = [pq.read_table(f, columns=list(columns), use_threads=False) for f in files]
     except (pa.ArrowInvalid, OSError, KeyError) as e:
         raise SourceError(f"{files[0].parent}: cannot read {list(columns)}: {e}") from e
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+    if len(tables) == 1:
+        return tables[0]
+    try:  # files written by other tools may differ in nullability: unify
+        return pa.concat_tables(tables, promote_options="default")
+    except pa.ArrowInvalid as e:
+        raise SourceError(f"{files[0].parent}: files disagree on their columns: {e}") from e
 
 
 def _ts(table: pa.Table) -> np.ndarray:

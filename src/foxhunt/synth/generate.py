@@ -67,8 +67,11 @@ class SynthConfig:
     """Mean MBP-10 book events per 1-minute bar, before price moves."""
     signal: float = 0.15
     """Planted signal: correlation of a bar's order-flow pressure with the next bar's return."""
+    impact: float = 0.3
+    """Price impact of a bar's pressure on its own return (kappa): order-flow imbalance (OFI)
+    moves with the price, so it carries the pressure and, through it, the next bar's return."""
     flow: float = 1.0
-    """How strongly the pressure shows in the bar's own trades and queues."""
+    """How strongly the pressure shows in the bar's own trades (aggressor side)."""
     roll_days: int = 8
     """Trading days before expiry during which both the expiring and next contract trade."""
     schemas: tuple[str, ...] = ALL_SCHEMAS
@@ -87,11 +90,17 @@ class SynthConfig:
             raise ValueError(f"unknown schema(s) {sorted(bad)}; synth writes {ALL_SCHEMAS}")
         if self.end <= self.start:
             raise ValueError(f"end {self.end} must be after start {self.start}")
+        if self.signal**2 + self.impact**2 > 1:
+            raise ValueError(
+                f"signal**2 + impact**2 = {self.signal**2 + self.impact**2:.3f} must be <= 1 "
+                "(they are correlations of one bar's return)"
+            )
 
     def params(self) -> MarketParams:
         return MarketParams(
             events_per_bar=self.events_per_bar,
             signal=self.signal,
+            impact=self.impact,
             flow=self.flow,
             roll_days=self.roll_days,
             session=self.session,
@@ -249,7 +258,9 @@ def generate(cfg: SynthConfig, workers: int | None = None, progress=None) -> Syn
                     "records": res.per_schema,
                     "planted_signal": {
                         "rho": cfg.signal,
-                        "meaning": "corr(order-flow pressure of bar t, log return of bar t+1)",
+                        "kappa": cfg.impact,
+                        "meaning": "rho = corr(order-flow pressure of bar t, log return of bar "
+                        "t+1); kappa = corr(pressure of bar t, return of bar t)",
                     },
                 },
                 indent=2,

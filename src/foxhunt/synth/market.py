@@ -6,14 +6,16 @@ The model, per root symbol, at the bar level (one bar = one minute of the sessio
     season   U-shaped intraday variance multiplier (busy open and close), mean 1
     sigma[t] = annual_vol / sqrt(252 * bars_per_day) * sqrt(h[t] * season[t])
     s[t]     ~ N(0, 1), the latent order-flow pressure of bar t
-    r[t]     = sigma[t] * (rho * s[t-1] + sqrt(1 - rho**2) * e[t])          (log return)
+    r[t]     = sigma[t] * (kappa * s[t] + rho * s[t-1] + sqrt(1 - kappa**2 - rho**2) * e[t])
 
-So the order flow of bar t leads the return of bar t+1 with correlation `rho` (the planted
-signal, `SynthConfig.signal`). During bar t the pressure s[t] shows in the trades: a decrease of
-the best ask is a buy trade with probability (1 + tanh(2 * flow * s[t])) / 2, a decrease of the
-best bid a sell trade with the complementary one. Signed trade volume and order-flow imbalance
-(Cont, Kukanov, Stoikov 2014) over bar t therefore carry s[t] and predict r[t+1]; with the demo
-defaults, corr(signed volume of bar t, return of bar t+1) is about 0.07 (tests check it).
+So the pressure of bar t moves its own price (impact `kappa`, `SynthConfig.impact`) and leads
+the return of bar t+1 with correlation `rho` (the planted signal, `SynthConfig.signal`): prices
+adjust to order flow partly at once and partly a bar later. The pressure shows in the order book
+through the price moves of its own bar, so the order-flow imbalance (Cont, Kukanov, Stoikov 2014)
+of bar t carries s[t] and predicts r[t+1] with corr ~ rho * corr(OFI[t], s[t]). It also shows in
+the trades: a decrease of the best ask is a buy trade with probability
+(1 + tanh(2 * flow * s[t])) / 2, a decrease of the best bid a sell trade with the complementary
+one, so signed trade volume of bar t predicts r[t+1] too (tests check both).
 
 Events. Inside a bar the best bid moves by whole ticks: the bar's net move round(r * price /
 tick) plus Poisson pairs of up and down moves. At a move the opposite best level is gone: its
@@ -71,6 +73,8 @@ class MarketParams:
     """Mean number of book events per bar (before moves), scaled by intraday activity."""
     signal: float = 0.15
     """rho: correlation of bar t's order-flow pressure with bar t+1's return."""
+    impact: float = 0.3
+    """kappa: correlation of bar t's order-flow pressure with bar t's own return."""
     flow: float = 1.0
     """How strongly the pressure shows in trades and queues during its own bar."""
     roll_days: int = 8
@@ -113,9 +117,9 @@ def bar_path(spec: RootSpec, days: list[dt.date], p: MarketParams, seed: int) ->
     season = np.tile(seasonality(bars), len(days))
     sigma = spec.annual_vol / np.sqrt(252.0 * bars) * np.sqrt(h * season)
     s = rng.standard_normal(n)
-    rho = p.signal
+    rho, kappa = p.signal, p.impact
     s_prev = np.concatenate([[0.0], s[:-1]])
-    r = sigma * (rho * s_prev + np.sqrt(1.0 - rho * rho) * z)
+    r = sigma * (kappa * s + rho * s_prev + np.sqrt(1.0 - kappa * kappa - rho * rho) * z)
     # Overnight gap at each day's first bar: a few bars' worth of variance.
     gaps = np.zeros(n)
     gaps[::bars] = rng.standard_normal(len(days)) * spec.annual_vol / np.sqrt(252.0) * 0.3
