@@ -253,7 +253,7 @@ def test_bar_size_is_a_parameter(computed, roll_data, tmp_path):
 
 
 def test_errors_name_what_is_missing(tmp_path, roll_data):
-    with pytest.raises(PrecomputeError, match="manifest.json: not found"):
+    with pytest.raises(PrecomputeError, match=r"manifest\.json: not found"):
         run_precompute(PrecomputeConfig(data=tmp_path / "nothing", out=tmp_path / "fx"))
     from foxhunt.precompute.source import SourceError
 
@@ -273,7 +273,7 @@ def test_cli_precompute_then_ls(roll_data, tmp_path):
         [*run, "fxcache", "ls", "--root", str(tmp_path)], capture_output=True, text=True
     )
     assert "ES" in ls.stdout and "1m" in ls.stdout and "rows" in ls.stdout
-    bad = subprocess.run([*run, "precompute", "--data", str(tmp_path / "x"), "--out", str(tmp_path)],
-                         capture_output=True, text=True)  # fmt: skip
+    missing = ["precompute", "--data", str(tmp_path / "x"), "--out", str(tmp_path)]
+    bad = subprocess.run([*run, *missing], capture_output=True, text=True)
     assert bad.returncode == 1 and "manifest.json: not found" in bad.stderr
     assert json.loads((roll_data / "manifest.json").read_text())["inputs"]
