@@ -45,8 +45,9 @@ format: setup ## Format the code with ruff
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-bench: setup ## Run the CPU benchmarks (synth and ingest throughput)
+bench: setup ## Run the CPU benchmarks (synth, ingest and precompute throughput, fxcache open)
 	$(BIN)/python bench/bench_ingest.py
+	$(BIN)/python bench/bench_precompute.py --data $(DATA)/ingested
 
 features-doc: setup ## Regenerate the feature table in docs/features.md from the catalogue
 	$(BIN)/python -c "from foxhunt.precompute.features import write_docs; write_docs()"
