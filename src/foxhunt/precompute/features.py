@@ -118,13 +118,17 @@ NAMES = tuple(f.name for f in CATALOGUE)
 WARMUP = max(f.lookback for f in CATALOGUE)
 
 
-def _window_mean(x: np.ndarray, w: int) -> np.ndarray:
-    """Mean of x[t-w+1..t]; NaN before the first full window. Each window is reduced on its own,
-    so a value never depends on anything after t."""
+def window_sum(x: np.ndarray, w: int) -> np.ndarray:
+    """Sum of x[t-w+1..t]; NaN before the first full window. Each window is reduced on its own,
+    so a value is exact to its window and never depends on anything after t."""
     out = np.full(len(x), np.nan)
     if len(x) >= w:
-        out[w - 1 :] = sliding_window_view(x, w).mean(axis=1)
+        out[w - 1 :] = sliding_window_view(x, w).sum(axis=1)
     return out
+
+
+def _window_mean(x: np.ndarray, w: int) -> np.ndarray:
+    return window_sum(x, w) / w
 
 
 def _ratio(num, den, default):

@@ -28,7 +28,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+
+from foxhunt.precompute.features import window_sum
 
 LEVELS = 10
 OFI_LEVELS = 5
@@ -198,21 +199,12 @@ def book_slope(px: np.ndarray, sz: np.ndarray, mid: np.ndarray, side: int) -> np
     return np.where(ok, _safe_div(n * sdy - sd * sy, np.where(ok, den, 1.0)), 0.0)
 
 
-def _rolling_sum(x: np.ndarray, w: int) -> np.ndarray:
-    """Sum of x[t-w+1..t] (NaN for t < w-1); each window summed on its own (exact and
-    independent of anything after t)."""
-    out = np.full(len(x), np.nan)
-    if len(x) >= w:
-        out[w - 1 :] = sliding_window_view(x, w).sum(axis=1)
-    return out
-
-
 def kyle_lambda(ret_bp: np.ndarray, signed_vol: np.ndarray, w: int) -> np.ndarray:
     """Rolling OLS slope of return on signed volume over w bars, times the window's std of the
     signed volume: the price impact (bp) of a one-sigma flow. 0 where the volume is constant."""
     x, y = signed_vol.astype(np.float64), ret_bp
-    sx, sy = _rolling_sum(x, w), _rolling_sum(y, w)
-    sxx, sxy = _rolling_sum(x * x, w), _rolling_sum(x * y, w)
+    sx, sy = window_sum(x, w), window_sum(y, w)
+    sxx, sxy = window_sum(x * x, w), window_sum(x * y, w)
     cov = sxy / w - (sx / w) * (sy / w)
     var = sxx / w - (sx / w) ** 2
     ok = var > 1e-12 * np.maximum(sxx / w, 1e-300)
@@ -241,8 +233,8 @@ def vpin(
     may feed several buckets. VPIN_t = sum over the last n completed buckets of
     |V_buy - V_sell| / (n * bucket_volume)."""
     v = volume.astype(np.float64)
-    s2 = _rolling_sum(dprice * dprice, sigma_bars) / sigma_bars
-    s1 = _rolling_sum(dprice, sigma_bars) / sigma_bars
+    s2 = window_sum(dprice * dprice, sigma_bars) / sigma_bars
+    s1 = window_sum(dprice, sigma_bars) / sigma_bars
     sigma = np.sqrt(np.maximum(s2 - s1 * s1, 0.0))
     z = np.where(sigma > 0, dprice / np.where(sigma > 0, sigma, 1.0), 0.0)
     frac = np.where(np.isnan(sigma), np.nan, _norm_cdf(np.nan_to_num(z)))
