@@ -4,6 +4,7 @@
     foxhunt ingest --help     DBN files (or a Databento download) -> validated Parquet
     foxhunt precompute --help ingested data -> the fxcache (bars, features, order flow)
     foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
+    foxhunt folds --help      walk-forward train/val/test ranges of a cache, as JSON
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
 `--help` text) and calls the step's one function, exactly as the KFP component does.
@@ -22,7 +23,8 @@ from rich.console import Console
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from foxhunt.fxcache import list_caches, verify
+from foxhunt.folds import FoldError, FoldsConfig, run_folds
+from foxhunt.fxcache import FxCacheError, list_caches, verify
 from foxhunt.fxcache.store import quarantine
 from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
 from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
@@ -120,11 +122,32 @@ def cmd_precompute(cfg: PrecomputeConfig) -> int:
     return 0
 
 
+def cmd_folds(cfg: FoldsConfig) -> int:
+    try:
+        out, doc = run_folds(cfg)
+    except (FoldError, FxCacheError) as e:
+        console.print(f"[red]folds failed:[/red] {e}", soft_wrap=True)
+        return 1
+    for f in doc["folds"]:
+        p = f["periods"]
+        print(
+            f"fold {f['fold']:2d}  train {p['train'][0]}..{p['train'][1]} "
+            f"[{f['train_start']}, {f['train_end']})  val [{f['val_start']}, {f['val_end']})  "
+            f"test [{f['test_start']}, {f['test_end']})  mean ADX {f['difficulty']:.1f}"
+        )
+    for d in doc["dropped"]:
+        print(f"fold {d['fold']:2d}  dropped: {d['reason']}")
+    print(doc.pop("picture"))
+    print(f"{len(doc['folds'])} fold(s) of {doc['symbol']} ({doc['fxcache_key']}) written to {out}")
+    return 0
+
+
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
     "ingest": (cmd_ingest, IngestConfig),
     "precompute": (cmd_precompute, PrecomputeConfig),
     "fxcache": (cmd_fxcache, FxcacheCommand),
+    "folds": (cmd_folds, FoldsConfig),
 }
 
 
