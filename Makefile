@@ -28,11 +28,15 @@ ingest: setup ## Validate data/raw into partitioned Parquet under data/ingested
 precompute: setup ## Bars, features and order flow of data/ingested into the fxcache (data/fxcache)
 	$(BIN)/foxhunt precompute --data $(DATA)/ingested --out $(DATA)/fxcache
 
-run: synth ingest precompute ## The pipeline end to end on demo data (grows with each stage)
+folds: setup ## Walk-forward folds of each demo cache into data/folds
+	@for s in ES NQ; do $(BIN)/foxhunt folds --cache $(DATA)/fxcache --symbol $$s --out $(DATA)/folds/$$s.json || exit 1; done
+
+run: synth ingest precompute folds ## The pipeline end to end on demo data (grows with each stage)
 	@echo
 	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"
 	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
 	@echo "fxcache:             $(DATA)/fxcache         (foxhunt fxcache ls; docs/features.md)"
+	@echo "walk-forward folds:  $(DATA)/folds/{ES,NQ}.json"
 
 test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
@@ -55,4 +59,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute run test lint format bench features-doc clean
+.PHONY: help setup synth ingest precompute folds run test lint format bench features-doc clean
