@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
@@ -159,12 +160,12 @@ def _perturb_after(src: Path, dst: Path, t_ns: int, seed: int) -> None:
                     undef = v == np.iinfo(np.int64).max
                     a = pa.array(np.where(after & ~undef, v + shift, v))
                 elif name == "side":
-                    flipped = pa.compute.if_else(
-                        pa.compute.equal(a, "A"),
+                    flipped = pc.if_else(
+                        pc.equal(a, "A"),
                         "B",
-                        pa.compute.if_else(pa.compute.equal(a, "B"), "A", a),
+                        pc.if_else(pc.equal(a, "B"), "A", a),
                     )
-                    a = pa.compute.if_else(pa.array(after), flipped, a)
+                    a = pc.if_else(pa.array(after), flipped, a)
                 cols[name] = a
             keep = ~after | (np.arange(len(ts)) % 7 != 0)
             table = pa.Table.from_arrays(list(cols.values()), schema=t.schema)

@@ -101,33 +101,21 @@ def cmd_fxcache(cfg: FxcacheCommand) -> int:
 
 
 def cmd_ingest(cfg: IngestConfig) -> int:
-    try:
-        with _progress() as progress:
-            res = run_ingest(cfg, progress=progress)
-    except IngestError as e:
-        console.print(f"[red]ingest failed:[/red] {e}", soft_wrap=True)
-        return 1
+    with _progress() as progress:
+        res = run_ingest(cfg, progress=progress)
     print(res.summary())
     return 0
 
 
 def cmd_precompute(cfg: PrecomputeConfig) -> int:
-    try:
-        with _progress() as progress:
-            res = run_precompute(cfg, progress=progress)
-    except (PrecomputeError, SourceError) as e:
-        console.print(f"[red]precompute failed:[/red] {e}", soft_wrap=True)
-        return 1
+    with _progress() as progress:
+        res = run_precompute(cfg, progress=progress)
     print(res.summary())
     return 0
 
 
 def cmd_folds(cfg: FoldsConfig) -> int:
-    try:
-        out, doc = run_folds(cfg)
-    except (FoldError, FxCacheError) as e:
-        console.print(f"[red]folds failed:[/red] {e}", soft_wrap=True)
-        return 1
+    out, doc = run_folds(cfg)
     for f in doc["folds"]:
         p = f["periods"]
         print(
@@ -141,6 +129,9 @@ def cmd_folds(cfg: FoldsConfig) -> int:
     print(f"{len(doc['folds'])} fold(s) of {doc['symbol']} ({doc['fxcache_key']}) written to {out}")
     return 0
 
+
+# Errors a step raises for bad input or missing data: one line naming what is wrong, exit 1.
+STEP_ERRORS = (IngestError, PrecomputeError, SourceError, FoldError, FxCacheError)
 
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
@@ -168,9 +159,13 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         config=(tyro.conf.OmitArgPrefixes,),
     )
-    for func, cls in COMMANDS.values():
+    for name, (func, cls) in COMMANDS.items():
         if isinstance(cfg, cls):
-            return func(cfg)
+            try:
+                return func(cfg)
+            except STEP_ERRORS as e:
+                console.print(f"[red]{name} failed:[/red] {e}", soft_wrap=True)
+                return 1
     raise AssertionError(f"no command for {type(cfg).__name__}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from dataclasses import asdict, dataclass, field
@@ -12,7 +13,6 @@ from foxhunt.folds.walkforward import (
     FoldError,
     FoldSpec,
     make_folds,
-    now_iso,
     picture,
     with_difficulty,
 )
@@ -59,7 +59,7 @@ def run_folds(cfg: FoldsConfig) -> tuple[Path, dict]:
     folds = with_difficulty(folds, cache.features[:, ADX_INDEX])
     doc = {
         "foxhunt_version": __version__,
-        "created": now_iso(),
+        "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "fxcache_key": cache.key,
         "symbol": cache.manifest.get("symbol"),
         "bar_size": cache.manifest.get("bar_size"),

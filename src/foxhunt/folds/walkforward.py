@@ -19,7 +19,6 @@ dropped with its reason logged; a series too short for even one fold is an error
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 from dataclasses import asdict, dataclass
 from typing import Literal
@@ -192,7 +191,3 @@ def picture(folds: list[Fold], n: int, width: int = 72) -> str:
                     row[i] = ch
         lines.append(f"fold {f.fold:3d} |{''.join(row)}|")
     return "\n".join(lines)
-
-
-def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")

@@ -197,15 +197,13 @@ def _may_hold(path: Path, day: int) -> bool:
     """From the Parquet statistics alone: can this file hold events of trading day `day`?"""
     md = pq.ParquetFile(path).metadata
     idx = md.schema.names.index("ts_event")
-    hi = None
+    hi = []
     for rg in range(md.num_row_groups):
         st = md.row_group(rg).column(idx).statistics
         if st is None or not st.has_min_max:
             return True
-        v = st.max.value if hasattr(st.max, "value") else st.max
-        v = int(np.datetime64(v, "ns").astype(np.int64)) if not isinstance(v, int) else v
-        hi = v if hi is None else max(hi, v)
-    return hi is None or int(trading_date_ns(np.array([hi]))[0]) >= day
+        hi.append(st.max_raw)  # the stored int64 nanoseconds
+    return not hi or int(trading_date_ns(np.array([max(hi)]))[0]) >= day
 
 
 def run_precompute(cfg: PrecomputeConfig, progress=None) -> PrecomputeResult:
@@ -341,14 +339,12 @@ def assemble(
         raise PrecomputeError("no trades in the data: cannot form bars")
     last = np.maximum.accumulate(np.where(traded, np.arange(n), -1))
     keep = last >= 0
-    px = {}
-    for k in ("open", "high", "low", "close"):
-        raw = np.where(traded, bars[k], bars["close"][np.maximum(last, 0)])
-        # the previous close is adjusted by its own day's factor: a no-trade first bar of a
-        # roll day carries the old contract's close converted to the new factor's scale
-        px[k] = (
-            raw.astype(np.float64) * PRICE_SCALE * np.where(traded, fac, fac[np.maximum(last, 0)])
-        )
+    src = np.maximum(last, 0)  # the bar whose prices a bar shows (itself when it traded)
+    scale = fac[src] * PRICE_SCALE  # each price adjusted by the factor of the bar it came from
+    px = {
+        k: np.where(traded, bars[k], bars["close"][src]).astype(np.float64) * scale
+        for k in ("open", "high", "low", "close")
+    }
     first = int(np.argmax(keep))
     sl = slice(first, n)
     bars = {k: v[sl] for k, v in bars.items()}

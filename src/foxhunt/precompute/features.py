@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import talib
@@ -242,8 +243,6 @@ def markdown_table() -> str:
 
 def write_docs(path: str = "docs/features.md") -> None:
     """Replace the generated table in docs/features.md (between its catalogue markers)."""
-    from pathlib import Path
-
     doc = Path(path).read_text()
     begin = doc.index("<!-- catalogue:begin")
     begin = doc.index("\n", begin) + 1

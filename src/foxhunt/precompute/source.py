@@ -113,10 +113,14 @@ def trading_date_ns(ts: np.ndarray) -> np.ndarray:
     """Trading date of each timestamp as int64 days since 1970-01-01 (vectorised: one Chicago
     UTC offset per UTC day, which is exact because DST switches at 02:00 Sunday, no session)."""
     utc_day = ts // NS_PER_DAY
-    days, inv = np.unique(utc_day, return_inverse=True)
+    if len(ts) == 0:
+        return utc_day
+    lo = int(utc_day.min())
     epoch = dt.date(1970, 1, 1).toordinal()
-    offs = np.array([_utc_offset_ns(int(d) + epoch) for d in days], dtype=np.int64)
-    return (ts + offs[inv] + SESSION_SHIFT_NS) // NS_PER_DAY
+    offs = np.array(
+        [_utc_offset_ns(d + epoch) for d in range(lo, int(utc_day.max()) + 1)], dtype=np.int64
+    )
+    return (ts + offs[utc_day - lo] + SESSION_SHIFT_NS) // NS_PER_DAY
 
 
 def to_date(days: int) -> dt.date:
