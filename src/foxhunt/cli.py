@@ -5,6 +5,7 @@
     foxhunt precompute --help ingested data -> the fxcache (bars, features, order flow)
     foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
     foxhunt folds --help      walk-forward train/val/test ranges of a cache, as JSON
+    foxhunt train --help      an agent over the folds (Rainbow DQN), on a GPU or the CPU
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
 `--help` text) and calls the step's one function, exactly as the KFP component does.
@@ -30,6 +31,7 @@ from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
 from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
 from foxhunt.precompute.source import SourceError
 from foxhunt.synth.generate import SynthConfig, generate
+from foxhunt.train import TrainConfig, TrainError, run_train
 
 console = Console(stderr=True)
 
@@ -130,8 +132,14 @@ def cmd_folds(cfg: FoldsConfig) -> int:
     return 0
 
 
+def cmd_train(cfg: TrainConfig) -> int:
+    res = run_train(cfg)
+    print(res.summary())
+    return 0
+
+
 # Errors a step raises for bad input or missing data: one line naming what is wrong, exit 1.
-STEP_ERRORS = (IngestError, PrecomputeError, SourceError, FoldError, FxCacheError)
+STEP_ERRORS = (IngestError, PrecomputeError, SourceError, FoldError, FxCacheError, TrainError)
 
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
@@ -139,6 +147,7 @@ COMMANDS = {
     "precompute": (cmd_precompute, PrecomputeConfig),
     "fxcache": (cmd_fxcache, FxcacheCommand),
     "folds": (cmd_folds, FoldsConfig),
+    "train": (cmd_train, TrainConfig),
 }
 
 

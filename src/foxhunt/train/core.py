@@ -1,0 +1,416 @@
+"""`foxhunt train`: an agent trained over the walk-forward folds of one fxcache.
+
+One task = one model and seed over every fold: the cache is uploaded to the device once, the
+agent (and its CUDA graphs) is built once and reset in place per fold. Per epoch: collect,
+learn, evaluate the greedy policy on the val range; the best epoch by val Sharpe is
+checkpointed (safetensors + config + normalisation statistics) and evaluated once on the test
+range. A resume file written after every epoch lets a killed task continue where it stopped and
+end with the same metrics as an uninterrupted run.
+
+    <out>/<symbol>-<key>-<model>-seed<seed>/
+        resume.pt                 everything training changes, after the last finished epoch
+        fold-<k>/best.safetensors best epoch's weights and normalisation statistics
+        fold-<k>/best.json        its config, epoch and val metrics
+        results.json              per-fold val/test metrics and the aggregate
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from foxhunt import __version__
+from foxhunt.fsutil import write_text_atomic
+from foxhunt.fxcache import FxCache
+from foxhunt.train.data import MarketData
+from foxhunt.train.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.evaluate import Evaluator, random_policy
+from foxhunt.train.metrics import trading_metrics
+from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
+
+log = logging.getLogger(__name__)
+
+
+class TrainError(RuntimeError):
+    pass
+
+
+@dataclass
+class TrainConfig:
+    """Train an agent over the walk-forward folds of one fxcache."""
+
+    folds: Path = Path("data/folds/ES.json")
+    """Folds file written by `foxhunt folds` (it names the fxcache key)."""
+    cache: Path = Path("data/fxcache")
+    """Cache root (or the cache directory itself)."""
+    model: Literal["dqn"] = "dqn"
+    """Agent: Rainbow DQN with branching heads (PPO and supervised models come later)."""
+    epochs: int = 10
+    """Epochs per fold; the best by val Sharpe is kept."""
+    seed: int = 0
+    """Seed of everything random: the same seed, data and device give the same metrics."""
+    fold_ids: tuple[int, ...] = ()
+    """Train only these folds (default: all)."""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Training device (auto: CUDA when present, else the CPU)."""
+    out: Path = Path("data/runs")
+    """Where run directories (checkpoints, resume files, results) go."""
+    resume: bool = True
+    """Continue from the run directory's resume file when it matches this config."""
+    eval_segments: int | None = None
+    """Pieces the val/test range is evaluated in, in parallel (default: 256 on a GPU, 16 on a
+    CPU; 1 is one sequential walk)."""
+    tracking: Literal["mlflow", "none"] = "mlflow"
+    """Log to MLflow (MLFLOW_TRACKING_URI, else sqlite in the working directory) or not at all."""
+    experiment: str = "foxhunt"
+    """MLflow experiment name."""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """Trading environment: episodes, costs, fills."""
+    dqn: DQNConfig = field(default_factory=DQNConfig)
+    """Rainbow DQN hyperparameters."""
+
+    def digest(self) -> str:
+        """What the results depend on (not where they go, nor how they are logged)."""
+        d = dataclasses.asdict(self)
+        for k in ("out", "resume", "tracking", "experiment"):
+            d.pop(k)
+        blob = json.dumps(d, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    folds: list[dict]
+    aggregate: dict
+    device: str
+    upload_ms: float
+    resumed: bool
+
+    def summary(self) -> str:
+        lines = []
+        for f in self.folds:
+            v, t = f["val"], f["test"]
+            lines.append(
+                f"fold {f['fold']:2d}  best epoch {f['best_epoch']:3d}  "
+                f"val Sharpe {v['sharpe']:7.2f}  test Sharpe {t['sharpe']:7.2f}  "
+                f"test max DD {t['max_drawdown']:.2%}  random val Sharpe {f['random_val']['sharpe']:7.2f}"
+            )
+        a = self.aggregate
+        lines.append(
+            f"mean over {len(self.folds)} fold(s): val Sharpe {a['val_sharpe']:.2f}, test Sharpe "
+            f"{a['test_sharpe']:.2f} (device {self.device}; upload {self.upload_ms:.1f} ms)"
+        )
+        lines.append(f"checkpoints and results in {self.run_dir}")
+        return "\n".join(lines)
+
+
+def bar_seconds(bar_size: str) -> int:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    try:
+        return int(bar_size[:-1]) * units[bar_size[-1]]
+    except (KeyError, ValueError):
+        raise TrainError(f"bar size {bar_size!r}: expected a number and one of s, m, h, d")
+
+
+def load_folds(path: Path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise TrainError(f"{path}: no such folds file; run `foxhunt folds` first")
+    except json.JSONDecodeError as e:
+        raise TrainError(f"{path}: not JSON ({e})")
+    for k in ("fxcache_key", "folds", "bar_size"):
+        if k not in doc:
+            raise TrainError(f"{path}: field {k!r} missing; not a `foxhunt folds` file")
+    if not doc["folds"]:
+        raise TrainError(f"{path}: no folds")
+    return doc
+
+
+def open_cache(root: Path, key: str) -> FxCache:
+    if (root / "manifest.json").is_file():
+        cache = FxCache.open(root)
+        if cache.key != key:
+            raise TrainError(f"{root} is cache {cache.key}, the folds file wants {key}")
+        return cache
+    if not (root / key).is_dir():
+        raise TrainError(f"{root}: no fxcache {key} (the folds file's cache); run precompute")
+    return FxCache.open(root, key)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainError("--device cuda: no CUDA device here (use --device auto or cpu)")
+    return torch.device(name)
+
+
+class Clock:
+    """Phase timer: CUDA events on a GPU (read once per epoch), wall time on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.marks: list[tuple[str, object]] = []
+
+    def mark(self, name: str) -> None:
+        if self.cuda:
+            e = torch.cuda.Event(enable_timing=True)
+            e.record()
+            self.marks.append((name, e))
+        else:
+            self.marks.append((name, time.perf_counter()))
+
+    def read(self) -> dict[str, float]:
+        """Seconds between consecutive marks, keyed by the later mark's name."""
+        if self.cuda:
+            self.marks[-1][1].synchronize()
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        self.marks = []
+        return out
+
+
+def _save_atomic(obj, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dict) -> None:
+    """Best-epoch weights and normalisation statistics as safetensors, config and metrics as JSON."""
+    from safetensors.torch import save_file
+
+    tensors = {f"net.{k}": v.detach().cpu().contiguous() for k, v in agent.net.state_dict().items()}
+    tensors["norm.mean"] = agent.data.mean.cpu()
+    tensors["norm.inv_std"] = agent.data.inv_std.cpu()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
+    os.replace(tmp, path)
+    doc = {"config": dataclasses.asdict(cfg), "resolved_dqn": dataclasses.asdict(agent.cfg), **meta}
+    write_text_atomic(path.with_suffix(".json"), json.dumps(doc, indent=2, default=str))
+
+
+def run_train(
+    cfg: TrainConfig,
+    logger: Logger | None = None,
+    on_epoch_end: Callable[[int, int], None] | None = None,
+) -> TrainResult:
+    doc = load_folds(cfg.folds)
+    folds = [f for f in doc["folds"] if not cfg.fold_ids or f["fold"] in cfg.fold_ids]
+    if not folds:
+        raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
+    if cfg.epochs < 1:
+        raise TrainError(f"epochs = {cfg.epochs}: must be at least 1")
+    cache = open_cache(Path(cfg.cache), doc["fxcache_key"])
+    if len(cache) != doc.get("rows", len(cache)):
+        raise TrainError(f"{cfg.folds}: made for {doc['rows']} rows, the cache has {len(cache)}")
+    symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
+    sec = bar_seconds(doc["bar_size"])
+    device = pick_device(cfg.device)
+    run_dir = cfg.out / f"{symbol}-{cache.key}-{cfg.model}-seed{cfg.seed}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resume_path = run_dir / "resume.pt"
+    digest = cfg.digest()
+    logger = logger or (MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger())
+
+    data = MarketData.from_fxcache(cache, device)
+    log.info(
+        "uploaded %d bars (%.0f MB) to %s in %.1f ms",
+        data.n,
+        data.upload.bytes / 1e6,
+        device,
+        data.upload.seconds * 1e3,
+    )
+    agent = RainbowAgent(cfg.dqn, cfg.env, data, cfg.seed)
+    agent.ensure_optimizer_state()
+    if agent.cfg.capture == "graph":
+        agent.capture()
+    segments = cfg.eval_segments or (256 if device.type == "cuda" else 16)
+    evaluator = Evaluator(cfg.env, data, segments)
+
+    def greedy(t, port):
+        return agent.act(agent.state(t, port), noise=False)
+
+    state = None
+    if cfg.resume and resume_path.exists():
+        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+        if state.get("digest") != digest:
+            log.warning("%s belongs to another configuration: starting afresh", resume_path)
+            state = None
+    resumed = state is not None
+    results: list[dict] = state["results"] if state else []
+    run_ids = state["run_ids"] if state else {"parent": None, "child": None}
+    tags = {
+        "fxcache_key": cache.key,
+        "symbol": symbol,
+        "model": cfg.model,
+        "seed": str(cfg.seed),
+        "device": str(device),
+        "foxhunt_version": __version__,
+    }
+    params = {
+        "train": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "dqn")},
+        "env": dataclasses.asdict(cfg.env),
+        "dqn": dataclasses.asdict(agent.cfg),
+        "bars": data.n,
+        "bar_size": doc["bar_size"],
+    }
+    run_ids["parent"] = logger.start_task(
+        f"{symbol}-{cfg.model}-seed{cfg.seed}", params, tags, run_ids["parent"]
+    )
+    if not resumed:
+        logger.log_metrics({"time/upload_ms": data.upload.seconds * 1e3})
+
+    done = {r["fold"] for r in results}
+    for fold in folds:
+        k = fold["fold"]
+        if k in done:
+            continue
+        ranges = {p: (fold[f"{p}_start"], fold[f"{p}_end"]) for p in ("train", "val", "test")}
+        clock = Clock(device)
+        clock.mark("start")
+        mid_fold = state is not None and state.get("fold") == k
+        if mid_fold:
+            agent.restore(state["agent"])
+            best = state["best"]
+            best_weights = state["best_weights"]
+            best_weights = best_weights and {n: v.to(device) for n, v in best_weights.items()}
+            first_epoch = state["epoch"] + 1
+            torch.set_rng_state(state["rng_cpu"])
+            if device.type == "cuda":
+                torch.cuda.set_rng_state(state["rng_cuda"], device)
+            run_ids["child"] = logger.start_fold(k, tags, state["run_ids"]["child"])
+        else:
+            agent.reset_fold(*ranges["train"], seed=cfg.seed * 100_003 + k)
+            best = {"sharpe": -float("inf"), "epoch": -1}
+            best_weights = None
+            first_epoch = 0
+            run_ids["child"] = logger.start_fold(k, tags, None)
+        state = None
+        clock.mark("fold_reset")
+        reset_s = clock.read()["fold_reset"]
+        if first_epoch == 0:
+            logger.log_metrics({"time/fold_reset_ms": reset_s * 1e3}, step=0)
+
+        for epoch in range(first_epoch, cfg.epochs):
+            frac = epoch / max(cfg.epochs - 1, 1)
+            agent.replay.beta.fill_(agent.cfg.per_beta + (1.0 - agent.cfg.per_beta) * frac)
+            clock.mark("start")
+            agent.collect()
+            clock.mark("collect")
+            agent.learn()
+            clock.mark("learn")
+            val_r, val_tr = evaluator.run(greedy, *ranges["val"])
+            clock.mark("eval")
+            times = clock.read()
+            stats = agent.read_stats()
+            val = trading_metrics(val_r, val_tr, sec)
+            metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
+            metrics |= {f"time/{p}_s": s for p, s in times.items()}
+            metrics["time/epoch_s"] = sum(times.values())
+            if val["sharpe"] > best["sharpe"]:
+                best = {"sharpe": val["sharpe"], "epoch": epoch, "val": val}
+                best_weights = {n: v.detach().clone() for n, v in agent.net.state_dict().items()}
+                save_checkpoint(
+                    agent,
+                    cfg,
+                    run_dir / f"fold-{k}" / "best.safetensors",
+                    {"fold": fold, "epoch": epoch, "val": val},
+                )
+            logger.log_metrics(metrics, step=epoch)
+            log.info(
+                "fold %d epoch %d: loss %.4f, val Sharpe %.2f, %.2f s (collect %.2f, learn %.2f,"
+                " eval %.2f)",
+                k, epoch, stats["losses/loss"], val["sharpe"], metrics["time/epoch_s"],
+                times["collect"], times["learn"], times["eval"],
+            )  # fmt: skip
+            _save_atomic(
+                {
+                    "digest": digest,
+                    "fold": k,
+                    "epoch": epoch,
+                    "agent": {n: v.cpu() for n, v in agent.snapshot().items()},
+                    "best": best,
+                    "best_weights": best_weights and {n: v.cpu() for n, v in best_weights.items()},
+                    "results": results,
+                    "run_ids": run_ids,
+                    "rng_cpu": torch.get_rng_state(),
+                    "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                },
+                resume_path,
+            )
+            if on_epoch_end is not None:
+                on_epoch_end(k, epoch)
+
+        # The best epoch, once on the test range; and a random policy for scale.
+        live = {n: v.clone() for n, v in agent.net.state_dict().items()}
+        agent.net.load_state_dict(best_weights)
+        test_r, test_tr = evaluator.run(greedy, *ranges["test"])
+        test = trading_metrics(test_r, test_tr, sec)
+        agent.net.load_state_dict(live)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)
+        rnd_r, rnd_tr = evaluator.run(random_policy(gen), *ranges["val"])
+        rnd = trading_metrics(rnd_r, rnd_tr, sec)
+        logger.log_metrics({f"eval/test_{m}": v for m, v in test.items()}, step=cfg.epochs)
+        logger.log_metrics(
+            {"eval/random_val_sharpe": rnd["sharpe"], "eval/best_epoch": best["epoch"]}
+        )
+        ckpt = run_dir / f"fold-{k}" / "best.safetensors"
+        logger.log_artifact(ckpt, "checkpoint")
+        logger.log_artifact(ckpt.with_suffix(".json"), "checkpoint")
+        logger.end_fold()
+        results.append(
+            {
+                "fold": k,
+                "best_epoch": best["epoch"],
+                "val": best["val"],
+                "test": test,
+                "random_val": rnd,
+                "fold_reset_ms": reset_s * 1e3,
+            }
+        )
+        _save_atomic(
+            {"digest": digest, "fold": None, "results": results, "run_ids": run_ids}, resume_path
+        )
+
+    def mean(key: str, part: str) -> float:
+        return sum(r[part][key] for r in results) / len(results)
+
+    aggregate = {
+        "val_sharpe": mean("sharpe", "val"),
+        "test_sharpe": mean("sharpe", "test"),
+        "test_sortino": mean("sortino", "test"),
+        "test_max_drawdown": mean("max_drawdown", "test"),
+        "test_profit_factor": mean("profit_factor", "test"),
+        "test_turnover": mean("turnover", "test"),
+        "random_val_sharpe": mean("sharpe", "random_val"),
+    }
+    logger.end_task({f"eval/mean_{k}": v for k, v in aggregate.items()})
+    out = {
+        "foxhunt_version": __version__,
+        "config": dataclasses.asdict(cfg),
+        "fxcache_key": cache.key,
+        "symbol": symbol,
+        "device": str(device),
+        "mlflow_run_id": run_ids["parent"],
+        "folds": results,
+        "aggregate": aggregate,
+    }
+    write_text_atomic(run_dir / "results.json", json.dumps(out, indent=2, default=str))
+    return TrainResult(run_dir, results, aggregate, str(device), data.upload.seconds * 1e3, resumed)

@@ -1,0 +1,653 @@
+"""Rainbow DQN with branching dueling heads, on GPU-resident data and a vectorised env.
+
+The parts (Hessel et al. 2018, "Rainbow"), each switchable where it makes sense:
+
+- Branching dueling heads (Tavakoli et al. 2018): one shared value stream and one advantage
+  stream per action branch (direction 3, size 5, order type 2). Branch b's return distribution is
+  V + A_b - mean_a A_b; every branch learns against its own double-Q target.
+- Distributional returns: C51 (Bellemare et al. 2017) on `atoms` atoms over [v_min, v_max], or
+  IQN (Dabney et al. 2018) with sampled quantile fractions and the quantile Huber loss.
+- Noisy nets (Fortunato et al. 2018): factorised Gaussian noise in the head layers, fresh noise at
+  every collection and learning step, switched off for greedy evaluation.
+- n-step returns, double Q (the online net picks a*, the target net values it), a soft target
+  update (Polyak, `tau`), and CQL (Kumar et al. 2020) as an optional conservative penalty.
+- Prioritised replay (Schaul et al. 2016), proportional: P(i) = p_i / sum_j p_j with
+  p_i = (loss_i + 1e-6)^alpha, stratified sampling through a cumulative sum, importance weights
+  w_i = (N P(i))^-beta / max_j w_j with beta annealed to 1. The ring buffer stores bar indices and
+  portfolio features, not full states: the market rows are gathered from the device copy.
+
+Built for capture: every shape is static, the replay buffer, the RNG and every counter live on
+the device, and nothing reads a value back to the host inside an epoch. Losses and statistics
+accumulate in a device tensor that is read once per epoch. On a GPU the collection block (all
+`collect_steps` steps) and the learning step are each captured once as a CUDA graph and replayed;
+moving to another fold only rewrites tensors in place, so the graphs survive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foxhunt.train.data import N_MKT, MarketData
+from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
+
+STATE_DIM = N_MKT + 4
+IN_DIM = 64  # the state (54) zero-padded to a tensor-core friendly width
+
+
+@dataclass(frozen=True)
+class DQNConfig:
+    """Rainbow DQN hyperparameters. Sizes left at None are chosen for the device: the standard
+    GPU workload (../shared/bench/README.md) on CUDA, a CPU-sized run otherwise."""
+
+    hidden: tuple[int, ...] = (512, 256)
+    """Widths of the shared trunk's layers."""
+    head_hidden: int = 128
+    """Width of the hidden layer of the value stream and of each advantage branch."""
+    distribution: Literal["c51", "iqn"] = "c51"
+    """Return distribution: C51 (categorical, fixed atoms) or IQN (implicit quantiles)."""
+    atoms: int = 51
+    """C51: number of atoms of the support."""
+    v_min: float = -10.0
+    """C51: lowest atom (in scaled reward units)."""
+    v_max: float = 10.0
+    """C51: highest atom."""
+    iqn_quantiles: int = 16
+    """IQN: quantile fractions sampled per state, for the online and the target net alike."""
+    iqn_embedding: int = 64
+    """IQN: cosine features of a quantile fraction."""
+    noisy: bool = True
+    """Factorised Gaussian noisy layers in the heads (exploration without epsilon)."""
+    noisy_sigma0: float = 0.5
+    """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
+    double_q: bool = True
+    """Double Q: the online net chooses the next action, the target net values it."""
+    cql_alpha: float = 0.0
+    """Weight of the CQL penalty logsumexp_a Q(s,a) - Q(s,a_taken) (0: off)."""
+    gamma: float = 0.99
+    """Discount per bar."""
+    n_step: int = 3
+    """Steps of the n-step return."""
+    reward_scale: float = 1e4
+    """Rewards (returns as fractions of notional) are learned in basis points by default."""
+    epsilon: float = 0.0
+    """Probability of a uniformly random action per branch while collecting (noisy nets explore)."""
+    envs: int | None = None
+    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
+    collect_steps: int | None = None
+    """Collection steps per epoch (default: 100 on a GPU, 64 on a CPU)."""
+    learn_steps: int | None = None
+    """Learning steps per epoch (default: 488 on a GPU, 96 on a CPU)."""
+    batch_size: int | None = None
+    """Transitions per learning step (default: 8192 on a GPU, 256 on a CPU)."""
+    replay_capacity: int | None = None
+    """Transitions the replay ring holds (default: 1,000,000 on a GPU, 65,536 on a CPU)."""
+    per_alpha: float = 0.6
+    """Priority exponent alpha (0: uniform sampling)."""
+    per_beta: float = 0.4
+    """Importance-weight exponent beta at the first epoch; annealed linearly to 1 at the last."""
+    lr: float = 1e-4
+    """Adam learning rate."""
+    adam_eps: float = 1.5e-4
+    """Adam epsilon (Rainbow's value)."""
+    grad_clip: float = 10.0
+    """Global gradient-norm clip."""
+    tau: float = 0.005
+    """Soft target update rate per learning step."""
+    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
+    projection and the losses stay float32."""
+    capture: Literal["auto", "eager", "graph"] = "auto"
+    """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
+    compile: bool = False
+    """torch.compile the loss (kernel fusion) before capture. Costs compile time at start."""
+
+    def resolved(self, device: torch.device) -> DQNConfig:
+        gpu = device.type == "cuda"
+        sizes = {
+            "envs": (16384, 128),
+            "collect_steps": (100, 64),
+            "learn_steps": (488, 96),
+            "batch_size": (8192, 256),
+            "replay_capacity": (1_000_000, 65_536),
+        }
+        fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
+        precision = self.precision if self.precision != "auto" else ("bf16" if gpu else "fp32")
+        capture = self.capture if self.capture != "auto" else ("graph" if gpu else "eager")
+        if capture == "graph" and not gpu:
+            raise ValueError("capture = graph needs a CUDA device")
+        cfg = replace(self, precision=precision, capture=capture, **fill)
+        cfg.check()
+        return cfg
+
+    def check(self) -> None:
+        if self.n_step < 1:
+            raise ValueError(f"n_step = {self.n_step}: must be at least 1")
+        if self.collect_steps is not None and self.collect_steps < self.n_step:
+            raise ValueError(
+                f"collect_steps = {self.collect_steps} < n_step = {self.n_step}: "
+                "the first epoch would store no complete transition"
+            )
+        if self.v_max <= self.v_min or self.atoms < 2:
+            raise ValueError("C51 support: need v_max > v_min and at least 2 atoms")
+        if not 0.0 <= self.epsilon <= 1.0 or not 0.0 < self.gamma <= 1.0:
+            raise ValueError("epsilon must be in [0, 1] and gamma in (0, 1]")
+
+
+# ---------------------------------------------------------------------------------- network
+class NoisyLinear(nn.Module):
+    """y = (mu_W + sigma_W * (f(e_out) f(e_in)^T)) x + mu_b + sigma_b * f(e_out),
+    f(e) = sign(e) sqrt|e| (factorised Gaussian noise, Fortunato et al. 2018). The noise matrix is
+    never formed: the noisy part is ((x * f(e_in)) sigma_W^T) * f(e_out)."""
+
+    def __init__(self, n_in: int, n_out: int, sigma0: float):
+        super().__init__()
+        bound = 1.0 / math.sqrt(n_in)
+        self.weight_mu = nn.Parameter(torch.empty(n_out, n_in).uniform_(-bound, bound))
+        self.weight_sigma = nn.Parameter(torch.full((n_out, n_in), sigma0 * bound))
+        self.bias_mu = nn.Parameter(torch.empty(n_out).uniform_(-bound, bound))
+        self.bias_sigma = nn.Parameter(torch.full((n_out,), sigma0 * bound))
+        self.register_buffer("eps_in", torch.zeros(n_in))
+        self.register_buffer("eps_out", torch.zeros(n_out))
+
+    @torch.no_grad()
+    def reset_noise(self) -> None:
+        for e in (self.eps_in, self.eps_out):
+            e.normal_()
+            e.copy_(e.sign() * e.abs().sqrt())
+
+    def forward(self, x: torch.Tensor, noise: bool = True) -> torch.Tensor:
+        y = F.linear(x, self.weight_mu, self.bias_mu)
+        if noise:
+            y = y + F.linear(x * self.eps_in, self.weight_sigma) * self.eps_out
+            y = y + self.bias_sigma * self.eps_out
+        return y
+
+
+class BranchingQNet(nn.Module):
+    """Trunk -> value stream + one advantage stream per branch (dueling, branching).
+
+    C51: returns logits [B, A, atoms] with A = sum(BRANCHES) actions of all branches side by side.
+    IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A]."""
+
+    def __init__(self, cfg: DQNConfig, branches: tuple[int, ...] = BRANCHES):
+        super().__init__()
+        self.cfg, self.branches = cfg, branches
+        self.iqn = cfg.distribution == "iqn"
+        self.out = 1 if self.iqn else cfg.atoms
+        dims = (IN_DIM, *cfg.hidden)
+        self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        h, hh, nb = dims[-1], cfg.head_hidden, len(branches)
+        if self.iqn:
+            self.embed = nn.Linear(cfg.iqn_embedding, h)
+            self.register_buffer("cos_i", torch.arange(cfg.iqn_embedding) * math.pi)
+
+        def lin(a, b):
+            return NoisyLinear(a, b, cfg.noisy_sigma0) if cfg.noisy else nn.Linear(a, b)
+
+        self.head = lin(h, (1 + nb) * hh)  # value hidden and every branch's hidden, as one layer
+        self.value = lin(hh, self.out)
+        self.adv = nn.ModuleList(lin(hh, n * self.out) for n in branches)
+        # Dueling per branch in one matmul: A - M A, M block-diagonal with 1/n_b per block.
+        n_act = sum(branches)
+        m = torch.zeros(n_act, n_act)
+        offs = [0, *torch.tensor(branches).cumsum(0).tolist()]
+        for b, n in enumerate(branches):
+            m[offs[b] : offs[b + 1], offs[b] : offs[b + 1]] = 1.0 / n
+        self.register_buffer("mean_op", m)
+        self.offsets = offs[:-1]
+        self.n_act = n_act
+
+    def noisy_layers(self) -> list[NoisyLinear]:
+        return [m for m in self.modules() if isinstance(m, NoisyLinear)]
+
+    def reset_noise(self) -> None:
+        for m in self.noisy_layers():
+            m.reset_noise()
+
+    def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
+        return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
+
+    def forward(
+        self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool = True
+    ) -> torch.Tensor:
+        for layer in self.trunk:
+            x = F.relu(layer(x))
+        if self.iqn:
+            assert taus is not None
+            B, K = taus.shape
+            phi = F.relu(self.embed(torch.cos(taus.unsqueeze(-1) * self.cos_i)))  # [B, K, h]
+            x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
+        hs = F.relu(self._call(self.head, x, noise)).chunk(1 + len(self.branches), dim=1)
+        v = self._call(self.value, hs[0], noise).unsqueeze(1)  # [R, 1, out]
+        a = torch.cat(
+            [
+                self._call(layer, hb, noise).view(-1, n, self.out)
+                for layer, hb, n in zip(self.adv, hs[1:], self.branches)
+            ],
+            dim=1,
+        )  # [R, A, out]
+        q = v + a - torch.matmul(self.mean_op.to(a.dtype), a)
+        if self.iqn:
+            return q.view(B, K, self.n_act)
+        return q
+
+
+# ---------------------------------------------------------------------------------- pieces
+def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
+    """Project the distribution p_next [B, K, atoms] on support z, shifted to R + disc * z
+    (R, disc [B, 1]), back onto z. Dense form: target atom j puts weight
+    max(0, 1 - |b_j - i|) on atom i, where b_j is its fractional position; the same numbers as
+    Bellemare et al.'s Algorithm 1 (tested against it), with no atomics, so it is deterministic."""
+    n = z.numel()
+    v_min, v_max = z[0], z[-1]
+    dz = (v_max - v_min) / (n - 1)
+    tz = (R + disc * z).clamp(v_min, v_max)  # [B, atoms]
+    b = (tz - v_min) / dz
+    i = torch.arange(n, device=z.device, dtype=b.dtype)
+    hat = (1.0 - (b.unsqueeze(-1) - i).abs()).clamp_min(0.0)  # [B, j, i]
+    return torch.bmm(p_next, hat)
+
+
+def quantile_huber(theta: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa=1.0):
+    """IQN loss per sample: theta [B, K, nb] at fractions taus [B, K], target [B, K', nb].
+    Sum over K of the mean over K' of |tau - 1{u < 0}| * Huber_kappa(u) / kappa, mean over nb."""
+    u = target.unsqueeze(1) - theta.unsqueeze(2)  # [B, K, K', nb]
+    huber = torch.where(u.abs() <= kappa, 0.5 * u * u, kappa * (u.abs() - 0.5 * kappa))
+    w = (taus[:, :, None, None] - (u.detach() < 0).to(u.dtype)).abs()
+    return (w * huber / kappa).mean(2).sum(1).mean(-1)
+
+
+def n_step_targets(rewards: torch.Tensor, dones: torch.Tensor, gamma: float):
+    """n-step return and bootstrap discount of the oldest of n consecutive steps.
+
+    rewards, dones [n, E] (oldest first): R = sum_k gamma^k r_k, stopping after the first done;
+    disc = gamma^n when no step ended the episode, else 0."""
+    n = rewards.shape[0]
+    R = torch.zeros_like(rewards[0])
+    alive = torch.ones_like(rewards[0])
+    for k in range(n):
+        R = R + (gamma**k) * alive * rewards[k]
+        alive = alive * (1.0 - dones[k])
+    return R, (gamma**n) * alive
+
+
+class Replay:
+    """Proportional prioritised replay in a ring on the device.
+
+    fbuf [C, 10] float32: portfolio(s) 4, portfolio(s') 4, n-step return, bootstrap discount.
+    ibuf [C, 5] int64: bar t of s, bar of s', the three branch actions.
+    prio [C] float32: p_i^alpha; 0 for empty slots and incomplete transitions (never sampled).
+    """
+
+    def __init__(self, capacity: int, device: torch.device):
+        self.capacity = capacity
+        self.fbuf = torch.zeros(capacity, 10, device=device)
+        self.ibuf = torch.zeros(capacity, 5, dtype=torch.long, device=device)
+        self.prio = torch.zeros(capacity, device=device)
+        self.ptr = torch.zeros((), dtype=torch.long, device=device)
+        self.max_prio = torch.ones((), device=device)
+        self.beta = torch.full((), 0.4, device=device)
+
+    def clear(self) -> None:
+        self.prio.zero_()
+        self.ptr.zero_()
+        self.max_prio.fill_(1.0)
+
+    def add(self, f: torch.Tensor, i: torch.Tensor, valid: torch.Tensor) -> None:
+        n = f.shape[0]
+        idx = (self.ptr + torch.arange(n, device=f.device)) % self.capacity
+        self.fbuf.index_copy_(0, idx, f)
+        self.ibuf.index_copy_(0, idx, i)
+        self.prio.index_copy_(0, idx, torch.where(valid, self.max_prio, 0.0))
+        self.ptr.copy_((self.ptr + n) % self.capacity)
+
+    def sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stratified proportional sample of len(u) slots (u uniform in [0, 1)) and their
+        importance weights (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / min_j p_j)^-beta."""
+        B = u.shape[0]
+        cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
+        x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
+        idx = torch.searchsorted(cdf, x, right=True).clamp_(max=self.capacity - 1)
+        p = self.prio.index_select(0, idx)
+        p_min = torch.where(self.prio > 0, self.prio, torch.inf).min()
+        w = (p / p_min).pow(-self.beta)
+        return idx, w
+
+    def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
+        p = (loss.detach().float() + 1e-6).pow(alpha)
+        self.prio.index_copy_(0, idx, p)
+        self.max_prio.copy_(torch.maximum(self.max_prio, p.max()))
+
+
+# ---------------------------------------------------------------------------------- agent
+# Slots of the per-epoch statistics accumulator (read once per epoch).
+STATS = ("loss", "grad_norm", "q_mean", "cql", "collect_reward", "collect_trades", "episodes")
+
+
+class RainbowAgent:
+    """The trainer's state for one task: networks, optimiser, replay, env and captured graphs.
+    Built once per task; `reset_fold` rewrites it in place for the next fold."""
+
+    def __init__(self, cfg: DQNConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
+        dev = data.device
+        self.cfg = cfg = cfg.resolved(dev)
+        self.data, self.device = data, dev
+        torch.manual_seed(seed)
+        self.net = BranchingQNet(cfg).to(dev)
+        self.target = copy.deepcopy(self.net).requires_grad_(False)
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.params = list(self.net.parameters())
+        fused = dev.type == "cuda"
+        self.opt = torch.optim.Adam(
+            self.params,
+            lr=cfg.lr,
+            eps=cfg.adam_eps,
+            capturable=dev.type == "cuda",
+            fused=fused or None,
+            foreach=None if fused else True,
+        )
+        self.replay = Replay(cfg.replay_capacity, dev)
+        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
+        self.z = torch.linspace(cfg.v_min, cfg.v_max, cfg.atoms, device=dev)
+        E, n = cfg.envs, cfg.n_step
+        # n-step history (oldest first): bar, actions | portfolio, reward, done | valid.
+        self.h_i = torch.zeros(n, E, 4, dtype=torch.long, device=dev)
+        self.h_f = torch.zeros(n, E, 6, device=dev)
+        self.h_v = torch.zeros(n, E, dtype=torch.bool, device=dev)
+        self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
+        self.stats = torch.zeros(len(STATS), device=dev)
+        self.pad = {}
+        # Padded per-branch view of the A actions for argmax/logsumexp: [nb, max_n] indices
+        # into A + 1 columns, the last one -inf.
+        nmax, A = max(BRANCHES), sum(BRANCHES)
+        pad_idx = torch.full((len(BRANCHES), nmax), A, dtype=torch.long)
+        for b, (o, nb) in enumerate(zip(self.net.offsets, BRANCHES)):
+            pad_idx[b, :nb] = torch.arange(o, o + nb)
+        self.pad_idx = pad_idx.to(dev)
+        self.offsets = torch.tensor(self.net.offsets, device=dev)
+        self.n_branch = torch.tensor(BRANCHES, device=dev)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.learn_fn = self._learn_step
+        if cfg.compile:
+            self._loss = torch.compile(self._loss)
+
+    # ------------------------------------------------------------------ helpers
+    def _autocast(self):
+        if self.cfg.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _zeros(self, n: int) -> torch.Tensor:
+        if n not in self.pad:
+            self.pad[n] = torch.zeros(n, IN_DIM - STATE_DIM, device=self.device)
+        return self.pad[n]
+
+    def state(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.data.observe(t), portfolio, self._zeros(len(t))], 1)
+
+    def q_values(self, out: torch.Tensor) -> torch.Tensor:
+        """Expected return of every action, [B, A], from logits (C51) or quantiles (IQN)."""
+        if self.cfg.distribution == "iqn":
+            return out.float().mean(1)
+        return torch.matmul(F.softmax(out.float(), -1), self.z)
+
+    def per_branch(self, q: torch.Tensor) -> torch.Tensor:
+        """[B, A] -> [B, nb, max_n], padded with -inf."""
+        q = torch.cat([q, q.new_full((q.shape[0], 1), -torch.inf)], 1)
+        return q[:, self.pad_idx]
+
+    def _taus(self, n: int) -> torch.Tensor | None:
+        if self.cfg.distribution != "iqn":
+            return None
+        return torch.rand(n, self.cfg.iqn_quantiles, device=self.device)
+
+    def act(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
+        """Greedy branch actions [B, nb] (noise: sample the noisy layers' current noise)."""
+        with torch.no_grad(), self._autocast():
+            out = self.net(state, self._taus(len(state)), noise=noise)
+        return self.per_branch(self.q_values(out)).argmax(-1)
+
+    # ------------------------------------------------------------------ fold
+    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
+        """Fresh weights, optimiser, replay and envs for a fold, all in place."""
+        torch.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(seed)
+        with torch.no_grad():
+            for k, v in self.net.state_dict().items():
+                v.copy_(self.init_state[k])
+            for k, v in self.target.state_dict().items():
+                v.copy_(self.init_state[k])
+            for p in self.params:
+                if p.grad is not None:
+                    p.grad.zero_()
+        for st in self.opt.state.values():
+            for k, v in st.items():
+                if torch.is_tensor(v):
+                    v.zero_()
+        self.data.fit_normaliser(train_lo, train_hi)
+        self.replay.clear()
+        self.env.set_range(train_lo, train_hi)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+        self.h_i.zero_()
+        self.h_f.zero_()
+        self.h_v.zero_()
+        self.stats.zero_()
+
+    # ------------------------------------------------------------------ collect
+    def _collect_step(self, u: torch.Tensor) -> None:
+        cfg, env = self.cfg, self.env
+        t = env.t.clone()
+        port = env.portfolio()
+        if cfg.noisy:
+            self.net.reset_noise()
+        a = self.act(self.state(t, port), noise=True)
+        if cfg.epsilon > 0:
+            n = self.n_branch
+            rnd = (u[:, 1:4] * n).long().minimum(n - 1)
+            a = torch.where((u[:, :1] < cfg.epsilon), rnd, a)
+        _, reward, filled, done = env.step(a[:, 0], a[:, 1], a[:, 2], u[:, 4])
+        port_next = env.portfolio()
+        r = reward * cfg.reward_scale
+        # Shift the n-step history and append this step.
+        self.h_i.copy_(torch.cat([self.h_i[1:], torch.cat([t[:, None], a], 1)[None]]))
+        self.h_f.copy_(
+            torch.cat([self.h_f[1:], torch.cat([port, r[:, None], done[:, None].float()], 1)[None]])
+        )
+        self.h_v.copy_(torch.cat([self.h_v[1:], torch.ones_like(done)[None]]))
+        R, disc = n_step_targets(self.h_f[:, :, 4], self.h_f[:, :, 5], cfg.gamma)
+        f = torch.cat([self.h_f[0, :, :4], port_next, R[:, None], disc[:, None]], 1)
+        i = torch.cat([self.h_i[0, :, :1], env.t[:, None], self.h_i[0, :, 1:]], 1)
+        self.replay.add(f, i, self.h_v[0])
+        s = self.stats
+        s[4] += reward.sum()
+        s[5] += filled.abs().sum()
+        s[6] += done.sum()
+
+    def _collect_block(self) -> None:
+        for k in range(self.cfg.collect_steps):
+            self._collect_step(self.u_collect[k])
+
+    def collect(self) -> None:
+        self.u_collect.uniform_()
+        if "collect" in self.graphs:
+            self.graphs["collect"].replay()
+        else:
+            self._collect_block()
+
+    # ------------------------------------------------------------------ learn
+    def _loss(self, idx: torch.Tensor, w: torch.Tensor):
+        cfg, B = self.cfg, idx.shape[0]
+        f = self.replay.fbuf.index_select(0, idx)
+        i = self.replay.ibuf.index_select(0, idx)
+        s = self.state(i[:, 0], f[:, 0:4])
+        s2 = self.state(i[:, 1], f[:, 4:8])
+        R, disc = f[:, 8:9], f[:, 9:10]
+        act = self.offsets + i[:, 2:5]  # [B, nb] columns of the taken actions
+        nb = act.shape[1]
+        iqn = cfg.distribution == "iqn"
+        taus = self._taus(2 * B)
+        with self._autocast():
+            both = self.net(torch.cat([s, s2]), taus)  # online on s (with grad) and s'
+            with torch.no_grad():
+                tg2 = self.target(s2, self._taus(B))
+        out, on2 = both[:B], both[B:].detach()
+        with torch.no_grad():
+            q2 = self.per_branch(self.q_values(on2 if cfg.double_q else tg2))
+            a2 = self.offsets + q2.argmax(-1)  # [B, nb]
+        if iqn:
+            theta = out.float().gather(2, act[:, None, :].expand(-1, out.shape[1], -1))
+            with torch.no_grad():
+                nxt = tg2.float().gather(2, a2[:, None, :].expand(-1, tg2.shape[1], -1))
+                target = R[:, :, None] + disc[:, :, None] * nxt  # [B, K', nb]
+            per = quantile_huber(theta, target, taus[:B])
+        else:
+            A = cfg.atoms
+            logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
+            with torch.no_grad():
+                p2 = F.softmax(tg2.float().gather(1, a2[:, :, None].expand(-1, -1, A)), -1)
+                m = project_c51(p2, R, disc, self.z)
+            per = -(m * logp).sum(-1).mean(1)
+        q = self.q_values(out)
+        loss = (w * per).mean()
+        cql = torch.zeros((), device=self.device)
+        if cfg.cql_alpha > 0:
+            qb = self.per_branch(q)
+            taken = q.gather(1, act)
+            cql = (torch.logsumexp(qb, -1) - taken).sum(1).mean() / nb
+            loss = loss + cfg.cql_alpha * cql
+        return loss, per.detach(), q.detach().mean(), cql.detach()
+
+    def _learn_step(self) -> None:
+        cfg = self.cfg
+        if cfg.noisy:
+            self.net.reset_noise()
+            self.target.reset_noise()
+        idx, w = self.replay.sample(torch.rand(cfg.batch_size, device=self.device))
+        loss, per, q_mean, cql = self._loss(idx, w)
+        self.opt.zero_grad(set_to_none=False)
+        loss.backward()
+        gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
+        self.opt.step()
+        with torch.no_grad():
+            torch._foreach_lerp_(list(self.target.parameters()), self.params, cfg.tau)
+            self.replay.update(idx, per, cfg.per_alpha)
+            self.stats[0:4] += torch.stack([loss.detach(), gn, q_mean, cql])
+
+    def learn(self) -> None:
+        g = self.graphs.get("learn")
+        for _ in range(self.cfg.learn_steps):
+            if g is not None:
+                g.replay()
+            else:
+                self._learn_step()
+
+    def read_stats(self) -> dict[str, float]:
+        """The epoch's accumulated statistics (one device -> host read), then zeroed."""
+        v = self.stats.tolist()
+        self.stats.zero_()
+        k, c = max(self.cfg.learn_steps, 1), max(self.cfg.collect_steps * self.cfg.envs, 1)
+        return {
+            "losses/loss": v[0] / k,
+            "losses/grad_norm": v[1] / k,
+            "losses/q_mean": v[2] / k,
+            "losses/cql": v[3] / k,
+            "charts/collect_reward_bps": v[4] / c * 1e4,
+            "charts/collect_turnover": v[5] / c,
+            "charts/episodes": v[6],
+        }
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """Capture the collection block and the learning step as CUDA graphs. The warm-up runs
+        they need change the state, so the state is saved before and restored after: training
+        from here on equals eager training."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        saved = self.snapshot()
+        rng = torch.cuda.get_rng_state(self.device)
+        s = torch.cuda.Stream(self.device)
+        s.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                self._learn_step()
+            self._collect_step(self.u_collect[0])
+        torch.cuda.current_stream(self.device).wait_stream(s)
+        torch.cuda.synchronize(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            self._learn_step()
+        self.graphs["learn"] = g
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            self._collect_block()
+        self.graphs["collect"] = g
+        torch.cuda.synchronize(self.device)
+        self.restore(saved)
+        torch.cuda.set_rng_state(rng, self.device)
+
+    # ------------------------------------------------------------------ state
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Every tensor that training changes, copied (for capture and for resume files)."""
+        out = {}
+        for k, v in self._state_tensors().items():
+            out[k] = v.detach().clone()
+        return out
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        cur = self._state_tensors()
+        missing = set(cur) - set(saved)
+        if missing:
+            raise ValueError(f"resume state lacks {sorted(missing)[:5]}")
+        with torch.no_grad():
+            for k, v in cur.items():
+                v.copy_(saved[k].to(v.device))
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        st: dict[str, torch.Tensor] = {}
+        for k, v in self.net.state_dict().items():
+            st[f"net.{k}"] = v
+        for k, v in self.target.state_dict().items():
+            st[f"target.{k}"] = v
+        for i, p in enumerate(self.params):
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            st[f"grad.{i}"] = p.grad
+            for k, v in self.opt.state.get(p, {}).items():
+                if torch.is_tensor(v):
+                    st[f"opt.{i}.{k}"] = v
+        r, e = self.replay, self.env
+        for k in ("fbuf", "ibuf", "prio", "ptr", "max_prio", "beta"):
+            st[f"replay.{k}"] = getattr(r, k)
+        for k in ("t", "pos", "entry", "hold", "eq", "steps", "lo", "hi", "episode_bars"):
+            st[f"env.{k}"] = getattr(e, k)
+        st["hist.i"], st["hist.f"], st["hist.v"] = self.h_i, self.h_f, self.h_v
+        st["stats"] = self.stats
+        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
+        return st
+
+    def ensure_optimizer_state(self) -> None:
+        """Adam creates its state lazily at the first step; resume files and capture need it to
+        exist beforehand, so take one zero-gradient step and undo it."""
+        if self.opt.state:
+            return
+        saved = {k: v.clone() for k, v in self.net.state_dict().items()}
+        for p in self.params:
+            p.grad = torch.zeros_like(p)
+        self.opt.step()
+        with torch.no_grad():
+            for k, v in self.net.state_dict().items():
+                v.copy_(saved[k])
+        for st in self.opt.state.values():
+            for v in st.values():
+                if torch.is_tensor(v):
+                    v.zero_()

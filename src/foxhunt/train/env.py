@@ -1,0 +1,188 @@
+"""A vectorised trading environment in torch: E parallel envs stepping through bars of one range.
+
+Every env holds a position in one instrument. At bar t the agent sees the normalised market
+features of bar t and its portfolio state, and picks three branched actions:
+
+    direction  {short, flat, long}            -> sign of the target position
+    size       {0.2, 0.4, 0.6, 0.8, 1.0}      -> fraction of the allowed notional
+    order type {market, passive limit}
+
+The trade is target - position. A market order fills at bar t's close and pays the fee plus half
+the spread. A passive limit order rests `limit_offset_bps` better than bar t's close and fills
+only when bar t+1 trades through it (its low below a buy limit, its high above a sell limit): it
+pays the fee and earns the offset, or does not fill and the position stays. The reward of the
+step is the simple return earned over bar t -> t+1, as a fraction of the notional:
+
+    reward = new_position * (close[t+1] / close[t] - 1) - cost_rate * |filled trade|
+
+Episodes start at random bars of the range (flat) and end after `episode_bars` steps or at the
+end of the range; an ended env restarts at once at a new random bar, so every env steps on every
+call and the shapes never change. All state lives in persistent device tensors that are updated
+in place, so a block of steps can be captured as a CUDA graph; the range bounds are device
+tensors too, so moving to another fold does not invalidate a captured graph.
+
+The random numbers of a step (restart bars) come in as an argument: the step itself draws none,
+which keeps it deterministic for a test against a slow numpy reference
+(`tests/test_train_env.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+DIRECTIONS = (-1.0, 0.0, 1.0)
+SIZES = (0.2, 0.4, 0.6, 0.8, 1.0)
+ORDER_TYPES = ("market", "passive_limit")
+BRANCHES = (len(DIRECTIONS), len(SIZES), len(ORDER_TYPES))
+PORTFOLIO = ("position", "unrealised_pnl_pct", "bars_in_position_100", "episode_pnl_pct")
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """The trading environment: episodes, costs and fills."""
+
+    episode_bars: int = 2048
+    """Steps per training episode before an env restarts at a random bar of the range."""
+    fee_bps: float = 0.1
+    """Exchange and clearing fee per unit of notional traded, in basis points."""
+    half_spread_bps: float = 0.25
+    """Half the bid-ask spread, paid by market orders, in basis points (ES: 1 tick ~ 0.5 bp)."""
+    limit_offset_bps: float = 0.5
+    """Distance of a passive limit order from the close, in basis points (earned when it fills)."""
+
+    def __post_init__(self) -> None:
+        if self.episode_bars < 2:
+            raise ValueError(f"episode_bars = {self.episode_bars}: must be at least 2")
+        for k in ("fee_bps", "half_spread_bps", "limit_offset_bps"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k} = {getattr(self, k)}: must not be negative")
+
+
+class TradingEnv:
+    """E envs over bars [lo, hi) of `close`, `high`, `low` (float32 device tensors [N]).
+
+    `ret1[t]` is close[t+1]/close[t] - 1, computed once in float64 by the caller (MarketData).
+    """
+
+    def __init__(
+        self,
+        cfg: EnvConfig,
+        n_envs: int,
+        close: torch.Tensor,
+        high: torch.Tensor,
+        low: torch.Tensor,
+        ret1: torch.Tensor,
+    ):
+        dev = close.device
+        self.cfg, self.E, self.device = cfg, n_envs, dev
+        self.close, self.high, self.low, self.ret1 = close, high, low, ret1
+        self.log_close = close.double().log().float()
+        self.dir_tab = torch.tensor(DIRECTIONS, device=dev)
+        self.size_tab = torch.tensor(SIZES, device=dev)
+        bp = 1e-4
+        self.market_cost = (cfg.fee_bps + cfg.half_spread_bps) * bp
+        self.passive_cost = (cfg.fee_bps - cfg.limit_offset_bps) * bp
+        self.offset = cfg.limit_offset_bps * bp
+        # Range bounds: device scalars, so a captured graph survives a fold change.
+        self.lo = torch.zeros((), dtype=torch.long, device=dev)
+        self.hi = torch.zeros((), dtype=torch.long, device=dev)
+        # Episode length: a device scalar too (evaluation sets it per fold).
+        self.episode_bars = torch.full((), cfg.episode_bars, dtype=torch.long, device=dev)
+        E = n_envs
+        self.t = torch.zeros(E, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(E, device=dev)
+        self.entry = torch.zeros(E, device=dev)  # log close where the position was opened
+        self.hold = torch.zeros(E, device=dev)  # bars in the current position
+        self.eq = torch.zeros(E, device=dev)  # episode PnL (sum of rewards)
+        self.steps = torch.zeros(E, dtype=torch.long, device=dev)
+
+    # ------------------------------------------------------------------ state
+    def set_range(self, lo: int, hi: int) -> None:
+        if hi - lo < 3:
+            raise ValueError(f"range [{lo}, {hi}) is too short for an episode (3 bars at least)")
+        self.lo.fill_(lo)
+        self.hi.fill_(hi)
+
+    def reset(self, u: torch.Tensor, stagger: bool = True) -> None:
+        """Flat envs at random bars of the range; `u` uniform [E] picks them. With `stagger`,
+        episode clocks start at random points so that the envs do not all restart together."""
+        self.t.copy_(self._start(u))
+        self.pos.zero_()
+        self.entry.copy_(self.log_close.index_select(0, self.t))
+        self.hold.zero_()
+        self.eq.zero_()
+        if stagger:
+            self.steps.copy_((u * 7919.0).frac().mul(self.episode_bars).long())
+        else:
+            self.steps.zero_()
+
+    def start_at(self, starts: torch.Tensor) -> None:
+        """Flat envs at the given bars (evaluation segments); clocks at zero."""
+        self.t.copy_(starts)
+        self.pos.zero_()
+        self.entry.copy_(self.log_close.index_select(0, self.t))
+        self.hold.zero_()
+        self.eq.zero_()
+        self.steps.zero_()
+
+    def _start(self, u: torch.Tensor) -> torch.Tensor:
+        # Any bar of [lo, hi - 2] can start an episode (a step at t reads bar t + 1).
+        span = (self.hi - 1 - self.lo).to(u.dtype)
+        return self.lo + (u * span).long().clamp(max=self.hi - 2 - self.lo)
+
+    def portfolio(self) -> torch.Tensor:
+        """[E, 4]: position, unrealised PnL (%), bars in position / 100, episode PnL (%)."""
+        upnl = self.pos * (self.log_close.index_select(0, self.t) - self.entry)
+        return torch.stack([self.pos, upnl * 100.0, self.hold / 100.0, self.eq * 100.0], 1)
+
+    # ------------------------------------------------------------------ step
+    def step(
+        self,
+        a_dir: torch.Tensor,
+        a_size: torch.Tensor,
+        a_type: torch.Tensor,
+        u_restart: torch.Tensor,
+        restart: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of every env. Returns (t, reward, filled trade, done) of this step;
+        the env state moves on to the next bar (or a restart when `done` and `restart`)."""
+        t = self.t.clone()
+        pos = self.pos
+        target = self.dir_tab[a_dir] * self.size_tab[a_size]
+        trade = target - pos
+        c0 = self.close.index_select(0, t)
+        t1 = t + 1
+        buy = trade > 0
+        through = torch.where(
+            buy,
+            self.low.index_select(0, t1) < c0 * (1.0 - self.offset),
+            self.high.index_select(0, t1) > c0 * (1.0 + self.offset),
+        )
+        passive = a_type == 1
+        fills = ~passive | through
+        filled = torch.where(fills, trade, torch.zeros_like(trade))
+        new_pos = pos + filled
+        rate = torch.where(passive, self.passive_cost, self.market_cost)
+        reward = new_pos * self.ret1.index_select(0, t) - rate * filled.abs()
+
+        lc0 = self.log_close.index_select(0, t)
+        opened = (torch.sign(new_pos) != torch.sign(pos)) & (new_pos != 0)
+        entry = torch.where(opened, lc0, self.entry)
+        hold = torch.where(new_pos == 0, 0.0, torch.where(opened, 1.0, self.hold + 1.0))
+        eq = self.eq + reward
+        steps = self.steps + 1
+        done = (steps >= self.episode_bars) | (t1 >= self.hi - 1)
+
+        if restart:
+            t_next = torch.where(done, self._start(u_restart), t1)
+        else:
+            t_next = torch.where(done, t, t1)
+        self.t.copy_(t_next)
+        self.pos.copy_(torch.where(done, 0.0, new_pos))
+        self.entry.copy_(torch.where(done, self.log_close.index_select(0, t_next), entry))
+        self.hold.copy_(torch.where(done, 0.0, hold))
+        self.eq.copy_(torch.where(done, 0.0, eq))
+        self.steps.copy_(torch.where(done, 0, steps))
+        return t, reward, filled, done

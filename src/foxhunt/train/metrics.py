@@ -1,0 +1,79 @@
+"""Trading metrics of a per-bar return series, computed on the device and read back once.
+
+`returns[k]` is the simple return of bar k's step as a fraction of the notional, net of costs;
+`trades[k]` the position change filled at that step. The Sharpe and Sortino ratios are
+annualised with the number of bars in a year of CME Globex trading (252 days of 23 hours).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+TRADING_SECONDS_PER_YEAR = 252 * 23 * 3600
+METRICS = (
+    "sharpe",
+    "sortino",
+    "profit_factor",
+    "max_drawdown",
+    "turnover",
+    "hit_rate",
+    "total_return",
+    "bars",
+)
+
+
+def periods_per_year(bar_seconds: float) -> float:
+    return TRADING_SECONDS_PER_YEAR / bar_seconds
+
+
+def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, bar_seconds: float) -> dict:
+    """Sharpe, Sortino (downside deviation about 0), profit factor (gross gains / gross losses),
+    max drawdown of the compounded equity curve (fraction of its peak), turnover (mean |position
+    change| per bar), hit rate (share of bars with a gain among bars with a non-zero return) and
+    total compounded return."""
+    r = returns.double()
+    n = r.numel()
+    if n < 2:
+        raise ValueError(f"{n} returns: need at least 2 for a Sharpe ratio")
+    ann = math.sqrt(periods_per_year(bar_seconds))
+    mean = r.mean()
+    std = r.std()
+    down = r.clamp(max=0.0).square().mean().sqrt()
+    gains = r.clamp(min=0.0).sum()
+    losses = -r.clamp(max=0.0).sum()
+    equity = torch.cumprod(1.0 + r, 0)
+    peak = torch.cummax(torch.cat([equity.new_ones(1), equity]), 0).values[1:]
+    mdd = (1.0 - equity / peak).max()
+    nonzero = (r != 0).double().sum()
+    wins = (r > 0).double().sum()
+    vals = torch.stack(
+        [
+            mean,
+            std,
+            down,
+            gains,
+            losses,
+            mdd,
+            trades.double().abs().mean(),
+            wins,
+            nonzero,
+            equity[-1] - 1.0,
+        ]
+    ).tolist()
+    mean, std, down, gains, losses, mdd, turnover, wins, nonzero, total = vals
+
+    def ratio(a: float, b: float) -> float:
+        return a / b if b > 0 else 0.0
+
+    return {
+        "sharpe": ratio(mean, std) * ann,
+        "sortino": ratio(mean, down) * ann,
+        "profit_factor": ratio(gains, losses) if losses > 0 else (math.inf if gains > 0 else 0.0),
+        "max_drawdown": mdd,
+        "turnover": turnover,
+        "hit_rate": ratio(wins, nonzero),
+        "total_return": total,
+        "bars": float(n),
+    }

@@ -1,0 +1,122 @@
+"""The trainer's logger interface: a no-op logger and an MLflow logger.
+
+MLflow layout (../shared/docs/DESIGN.md, Tracking): one parent run per training task, one child
+run per fold; parameters logged once; metrics `losses/*`, `charts/*`, `eval/*`, `time/*` with
+step = epoch; checkpoints as artifacts of the fold's run; the parent carries the aggregate test
+metrics. The store is `MLFLOW_TRACKING_URI` when set, else sqlite in the working directory.
+mlflow is imported only when this logger is used: the GPU training image can run without it.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Protocol
+
+
+class Logger(Protocol):
+    def start_task(self, name: str, params: dict, tags: dict, resume_id: str | None) -> str: ...
+    def start_fold(self, fold: int, tags: dict, resume_id: str | None) -> str: ...
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
+    def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
+    def end_fold(self) -> None: ...
+    def end_task(self, metrics: dict[str, float]) -> None: ...
+
+
+class NullLogger:
+    """Logs nothing (tests, benchmarks)."""
+
+    def start_task(self, name, params, tags, resume_id=None) -> str:
+        return ""
+
+    def start_fold(self, fold, tags, resume_id=None) -> str:
+        return ""
+
+    def log_metrics(self, metrics, step=None) -> None:
+        pass
+
+    def log_artifact(self, path, artifact_path=None) -> None:
+        pass
+
+    def end_fold(self) -> None:
+        pass
+
+    def end_task(self, metrics) -> None:
+        pass
+
+
+def default_tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out |= flatten(v, key + ".")
+        else:
+            out[key] = v
+    return out
+
+
+class MlflowLogger:
+    def __init__(self, experiment: str = "foxhunt", tracking_uri: str | None = None):
+        import mlflow
+
+        self.mlflow = mlflow
+        self.client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+        exp = self.client.get_experiment_by_name(experiment)
+        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.parent: str | None = None
+        self.child: str | None = None
+
+    def start_task(self, name, params, tags, resume_id=None) -> str:
+        if resume_id:
+            self.parent = resume_id
+            return resume_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        self.parent = run.info.run_id
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(self.parent, params=items[i : i + 100])
+        return self.parent
+
+    def start_fold(self, fold, tags, resume_id=None) -> str:
+        if resume_id:
+            self.child = resume_id
+            return resume_id
+        run = self.client.create_run(
+            self.experiment_id,
+            run_name=f"fold-{fold}",
+            tags={"mlflow.parentRunId": self.parent, "fold": str(fold), **tags},
+        )
+        self.child = run.info.run_id
+        return self.child
+
+    def _run(self) -> str:
+        return self.child or self.parent
+
+    def log_metrics(self, metrics, step=None) -> None:
+        import time
+
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
+        self.client.log_batch(self._run(), metrics=items)
+
+    def log_artifact(self, path, artifact_path=None) -> None:
+        self.client.log_artifact(self._run(), str(path), artifact_path)
+
+    def end_fold(self) -> None:
+        if self.child:
+            self.client.set_terminated(self.child)
+        self.child = None
+
+    def end_task(self, metrics) -> None:
+        if metrics:
+            self.log_metrics(metrics)
+        self.client.set_terminated(self.parent)
