@@ -37,7 +37,7 @@ from foxhunt.train.data import MarketData
 from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
-from foxhunt.train.metrics import trading_metrics
+from foxhunt.train.metrics import periods_per_year, trading_metrics
 from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
 
 log = logging.getLogger(__name__)
@@ -115,14 +115,6 @@ class TrainResult:
         )
         lines.append(f"checkpoints and results in {self.run_dir}")
         return "\n".join(lines)
-
-
-def bar_seconds(bar_size: str) -> int:
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    try:
-        return int(bar_size[:-1]) * units[bar_size[-1]]
-    except (KeyError, ValueError):
-        raise TrainError(f"bar size {bar_size!r}: expected a number and one of s, m, h, d")
 
 
 def load_folds(path: Path) -> dict:
@@ -221,7 +213,7 @@ def run_train(
     if len(cache) != doc.get("rows", len(cache)):
         raise TrainError(f"{cfg.folds}: made for {doc['rows']} rows, the cache has {len(cache)}")
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
-    sec = bar_seconds(doc["bar_size"])
+    ppy = periods_per_year(cache.timestamps)
     device = pick_device(cfg.device)
     run_dir = cfg.out / f"{symbol}-{cache.key}-{cfg.model}-seed{cfg.seed}"
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -320,7 +312,7 @@ def run_train(
             clock.mark("eval")
             times = clock.read()
             stats = agent.read_stats()
-            val = trading_metrics(val_r, val_tr, sec)
+            val = trading_metrics(val_r, val_tr, ppy)
             metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
             metrics |= {f"time/{p}_s": s for p, s in times.items()}
             metrics["time/epoch_s"] = sum(times.values())
@@ -362,11 +354,11 @@ def run_train(
         live = {n: v.clone() for n, v in agent.net.state_dict().items()}
         agent.net.load_state_dict(best_weights)
         test_r, test_tr = evaluator.run(greedy, *ranges["test"])
-        test = trading_metrics(test_r, test_tr, sec)
+        test = trading_metrics(test_r, test_tr, ppy)
         agent.net.load_state_dict(live)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)
         rnd_r, rnd_tr = evaluator.run(random_policy(gen), *ranges["val"])
-        rnd = trading_metrics(rnd_r, rnd_tr, sec)
+        rnd = trading_metrics(rnd_r, rnd_tr, ppy)
         logger.log_metrics({f"eval/test_{m}": v for m, v in test.items()}, step=cfg.epochs)
         logger.log_metrics(
             {"eval/random_val_sharpe": rnd["sharpe"], "eval/best_epoch": best["epoch"]}

@@ -78,7 +78,6 @@ class TradingEnv:
         dev = close.device
         self.cfg, self.E, self.device = cfg, n_envs, dev
         self.close, self.high, self.low, self.ret1 = close, high, low, ret1
-        self.log_close = close.double().log().float()
         self.dir_tab = torch.tensor(DIRECTIONS, device=dev)
         self.size_tab = torch.tensor(SIZES, device=dev)
         bp = 1e-4
@@ -93,7 +92,7 @@ class TradingEnv:
         E = n_envs
         self.t = torch.zeros(E, dtype=torch.long, device=dev)
         self.pos = torch.zeros(E, device=dev)
-        self.entry = torch.zeros(E, device=dev)  # log close where the position was opened
+        self.entry = torch.zeros(E, device=dev)  # close where the position was opened
         self.hold = torch.zeros(E, device=dev)  # bars in the current position
         self.eq = torch.zeros(E, device=dev)  # episode PnL (sum of rewards)
         self.steps = torch.zeros(E, dtype=torch.long, device=dev)
@@ -110,7 +109,7 @@ class TradingEnv:
         episode clocks start at random points so that the envs do not all restart together."""
         self.t.copy_(self._start(u))
         self.pos.zero_()
-        self.entry.copy_(self.log_close.index_select(0, self.t))
+        self.entry.copy_(self.close.index_select(0, self.t))
         self.hold.zero_()
         self.eq.zero_()
         if stagger:
@@ -122,7 +121,7 @@ class TradingEnv:
         """Flat envs at the given bars (evaluation segments); clocks at zero."""
         self.t.copy_(starts)
         self.pos.zero_()
-        self.entry.copy_(self.log_close.index_select(0, self.t))
+        self.entry.copy_(self.close.index_select(0, self.t))
         self.hold.zero_()
         self.eq.zero_()
         self.steps.zero_()
@@ -134,7 +133,7 @@ class TradingEnv:
 
     def portfolio(self) -> torch.Tensor:
         """[E, 4]: position, unrealised PnL (%), bars in position / 100, episode PnL (%)."""
-        upnl = self.pos * (self.log_close.index_select(0, self.t) - self.entry)
+        upnl = self.pos * (self.close.index_select(0, self.t) / self.entry - 1.0)
         return torch.stack([self.pos, upnl * 100.0, self.hold / 100.0, self.eq * 100.0], 1)
 
     # ------------------------------------------------------------------ step
@@ -167,9 +166,8 @@ class TradingEnv:
         rate = torch.where(passive, self.passive_cost, self.market_cost)
         reward = new_pos * self.ret1.index_select(0, t) - rate * filled.abs()
 
-        lc0 = self.log_close.index_select(0, t)
         opened = (torch.sign(new_pos) != torch.sign(pos)) & (new_pos != 0)
-        entry = torch.where(opened, lc0, self.entry)
+        entry = torch.where(opened, c0, self.entry)
         hold = torch.where(new_pos == 0, 0.0, torch.where(opened, 1.0, self.hold + 1.0))
         eq = self.eq + reward
         steps = self.steps + 1
@@ -181,7 +179,7 @@ class TradingEnv:
             t_next = torch.where(done, t, t1)
         self.t.copy_(t_next)
         self.pos.copy_(torch.where(done, 0.0, new_pos))
-        self.entry.copy_(torch.where(done, self.log_close.index_select(0, t_next), entry))
+        self.entry.copy_(torch.where(done, self.close.index_select(0, t_next), entry))
         self.hold.copy_(torch.where(done, 0.0, hold))
         self.eq.copy_(torch.where(done, 0.0, eq))
         self.steps.copy_(torch.where(done, 0, steps))

@@ -2,7 +2,8 @@
 
 `returns[k]` is the simple return of bar k's step as a fraction of the notional, net of costs;
 `trades[k]` the position change filled at that step. The Sharpe and Sortino ratios are
-annualised with the number of bars in a year of CME Globex trading (252 days of 23 hours).
+annualised with the bars a year holds in the data itself (`periods_per_year`): a cache of
+regular-hours 1-minute bars has ~98,000 a year, one of 23-hour Globex days ~348,000.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import math
 
 import torch
 
-TRADING_SECONDS_PER_YEAR = 252 * 23 * 3600
+YEAR_NS = 365.25 * 86400 * 1e9
 METRICS = (
     "sharpe",
     "sortino",
@@ -24,11 +25,17 @@ METRICS = (
 )
 
 
-def periods_per_year(bar_seconds: float) -> float:
-    return TRADING_SECONDS_PER_YEAR / bar_seconds
+def periods_per_year(timestamps) -> float:
+    """Bars per calendar year in a series of bar timestamps (UTC ns): its bar count over its
+    span. Holidays, sessions and gaps are priced in, whatever the bar size."""
+    n = len(timestamps)
+    span = float(timestamps[-1]) - float(timestamps[0])
+    if n < 2 or span <= 0:
+        raise ValueError("periods per year: need at least 2 increasing timestamps")
+    return (n - 1) / (span / YEAR_NS)
 
 
-def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, bar_seconds: float) -> dict:
+def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, periods: float) -> dict:
     """Sharpe, Sortino (downside deviation about 0), profit factor (gross gains / gross losses),
     max drawdown of the compounded equity curve (fraction of its peak), turnover (mean |position
     change| per bar), hit rate (share of bars with a gain among bars with a non-zero return) and
@@ -37,7 +44,7 @@ def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, bar_seconds: fl
     n = r.numel()
     if n < 2:
         raise ValueError(f"{n} returns: need at least 2 for a Sharpe ratio")
-    ann = math.sqrt(periods_per_year(bar_seconds))
+    ann = math.sqrt(periods)
     mean = r.mean()
     std = r.std()
     down = r.clamp(max=0.0).square().mean().sqrt()

@@ -1,0 +1,273 @@
+"""Rainbow DQN parts against exact or slow references."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from foxhunt.train.data import MarketData
+from foxhunt.train.dqn import (
+    BranchingQNet,
+    DQNConfig,
+    NoisyLinear,
+    RainbowAgent,
+    Replay,
+    n_step_targets,
+    project_c51,
+    quantile_huber,
+)
+from foxhunt.train.env import BRANCHES, EnvConfig
+
+CPU = torch.device("cpu")
+
+
+def tiny(**kw) -> DQNConfig:
+    base = dict(
+        hidden=(32, 32), head_hidden=16, envs=8, collect_steps=6, learn_steps=3,
+        batch_size=32, replay_capacity=512,
+    )  # fmt: skip
+    return DQNConfig(**(base | kw))
+
+
+def random_data(n: int = 600, seed: int = 0) -> MarketData:
+    rng = np.random.default_rng(seed)
+    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
+    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
+    feats = rng.normal(size=(n, 42)).astype(np.float32)
+    ofi = rng.normal(size=(n, 8)).astype(np.float32)
+    return MarketData(feats, ofi, targets, CPU)
+
+
+# ------------------------------------------------------------------------------ replay
+def test_per_sampling_probabilities_and_weights_are_exact():
+    cap = 64
+    rb = Replay(cap, CPU)
+    rng = np.random.default_rng(0)
+    prio = np.zeros(cap, np.float32)
+    prio[:40] = rng.uniform(0.05, 3.0, 40).astype(np.float32)  # 24 empty slots
+    prio[[3, 17]] = 0.0  # incomplete transitions: never sampled
+    rb.prio.copy_(torch.from_numpy(prio))
+    rb.beta.fill_(0.6)
+    counts = np.zeros(cap)
+    g = torch.Generator().manual_seed(1)
+    B, rounds = 50, 4000
+    for _ in range(rounds):
+        idx, w = rb.sample(torch.rand(B, generator=g))
+        counts += np.bincount(idx.numpy(), minlength=cap)
+        # Weights: (N P(i))^-beta / max_j (N P(j))^-beta over the stored transitions.
+        valid = prio > 0
+        P = prio / prio.sum()
+        N = valid.sum()
+        w_all = np.where(valid, (N * np.where(valid, P, 1.0)) ** -0.6, 0.0)
+        np.testing.assert_allclose(w.numpy(), w_all[idx.numpy()] / w_all.max(), rtol=1e-5)
+    freq = counts / (B * rounds)
+    P = prio / prio.sum()
+    assert counts[prio == 0].sum() == 0
+    # Stratified sampling: each draw's marginal is exactly P; 200k draws -> tight agreement.
+    np.testing.assert_allclose(freq, P, atol=4e-3)
+    chi2 = (((counts - P * B * rounds) ** 2) / np.maximum(P * B * rounds, 1e-9))[P > 0].sum()
+    assert chi2 < 2 * 37  # stratification makes it far smaller than the multinomial 37 dof
+
+
+def test_replay_ring_wraps_and_update_sets_priorities():
+    rb = Replay(10, CPU)
+    f = torch.arange(60, dtype=torch.float32).view(6, 10)
+    i = torch.arange(30).view(6, 5)
+    rb.add(f, i, torch.tensor([True, True, False, True, True, True]))
+    rb.add(f + 100, i + 100, torch.ones(6, dtype=torch.bool))
+    assert int(rb.ptr) == 2
+    assert torch.equal(rb.fbuf[0], f[4] + 100) and torch.equal(rb.fbuf[2], f[2])
+    assert float(rb.prio[2]) == 0.0 and float(rb.prio[3]) == 1.0
+    rb.update(torch.tensor([3, 5]), torch.tensor([3.0, 0.5]), alpha=0.5)
+    assert float(rb.prio[3]) == pytest.approx((3.0 + 1e-6) ** 0.5)
+    assert float(rb.max_prio) == pytest.approx((3.0 + 1e-6) ** 0.5)
+
+
+# ------------------------------------------------------------------------------ C51
+def bellemare_projection(p, R, disc, z):
+    """Algorithm 1 of Bellemare, Dabney and Munos (2017), one sample at a time."""
+    n = len(z)
+    v_min, v_max = z[0], z[-1]
+    dz = (v_max - v_min) / (n - 1)
+    m = np.zeros(n)
+    for j in range(n):
+        tz = min(max(R + disc * z[j], v_min), v_max)
+        b = (tz - v_min) / dz
+        lo, up = math.floor(b), math.ceil(b)
+        if lo == up:
+            m[lo] += p[j]
+        else:
+            m[lo] += p[j] * (up - b)
+            m[up] += p[j] * (b - lo)
+    return m
+
+
+def test_c51_projection_equals_bellemare_algorithm():
+    rng = np.random.default_rng(3)
+    B, K, A = 40, 3, 51
+    z = torch.linspace(-10, 10, A, dtype=torch.float64)
+    p = torch.from_numpy(rng.dirichlet(np.ones(A), size=(B, K)))
+    R = torch.from_numpy(rng.normal(0, 6, (B, 1)))
+    R[0] = 0.0  # lands exactly on atoms
+    R[1] = 25.0  # clipped at v_max
+    disc = torch.from_numpy(rng.choice([0.0, 0.99**3, 1.0], (B, 1)))
+    m = project_c51(p, R, disc, z).numpy()
+    for b in range(B):
+        for k in range(K):
+            ref = bellemare_projection(p[b, k].numpy(), float(R[b]), float(disc[b]), z.numpy())
+            np.testing.assert_allclose(m[b, k], ref, atol=1e-12)
+    np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------ n-step
+def test_n_step_targets_against_a_loop():
+    rng = np.random.default_rng(5)
+    n, E, gamma = 4, 200, 0.9
+    r = rng.normal(size=(n, E))
+    d = (rng.uniform(size=(n, E)) < 0.2).astype(float)
+    R, disc = n_step_targets(torch.tensor(r), torch.tensor(d), gamma)
+    for e in range(E):
+        ret, g = 0.0, 1.0
+        for k in range(n):
+            ret += g * r[k, e]
+            if d[k, e]:
+                g = 0.0
+                break
+            g *= gamma
+        assert float(R[e]) == pytest.approx(ret)
+        assert float(disc[e]) == pytest.approx(g)
+
+
+def test_collected_transitions_hold_n_step_returns_of_the_env_rewards():
+    """Record the env's own rewards and dones while collecting, then check every stored
+    transition: bar, actions, R = sum gamma^k r over the next n steps (cut at a done),
+    disc and the next bar."""
+    data = random_data()
+    cfg = tiny(n_step=3, gamma=0.8, envs=5, collect_steps=40, replay_capacity=1000)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=7), data, seed=0)
+    agent.reset_fold(0, 500, seed=0)
+    log = []
+    step = agent.env.step
+
+    def spy(*a, **k):
+        t = agent.env.t.clone()
+        out = step(*a, **k)
+        log.append((t, out[1].clone(), out[3].clone(), agent.env.t.clone()))
+        return out
+
+    agent.env.step = spy
+    agent.collect()
+    n, g, E = 3, 0.8, 5
+    ptr = 0
+    for k in range(len(log)):
+        for e in range(E):
+            slot = ptr + e
+            if k < n - 1:
+                assert float(agent.replay.prio[slot]) == 0.0  # history not full yet
+                continue
+            s = k - (n - 1)  # the transition written at step k starts at step s
+            ret, disc = 0.0, 1.0
+            for j in range(n):
+                ret += disc * float(log[s + j][1][e]) * cfg.reward_scale
+                if log[s + j][2][e]:
+                    disc = 0.0
+                    break
+                disc *= g
+            f, i = agent.replay.fbuf[slot], agent.replay.ibuf[slot]
+            assert int(i[0]) == int(log[s][0][e])
+            assert float(f[8]) == pytest.approx(ret, rel=1e-5, abs=1e-4)
+            assert float(f[9]) == pytest.approx(disc, abs=1e-7)
+            if disc > 0:
+                assert int(i[1]) == int(log[k][3][e])
+            assert float(agent.replay.prio[slot]) == 1.0
+        ptr += E
+
+
+# ------------------------------------------------------------------------------ network
+def test_noisy_linear_equals_the_explicit_factorised_formula():
+    torch.manual_seed(0)
+    layer = NoisyLinear(7, 5, 0.5)
+    layer.reset_noise()
+    x = torch.randn(4, 7)
+    f = lambda e: e  # noqa: E731 (eps buffers already hold f(eps))
+    W = layer.weight_mu + layer.weight_sigma * torch.outer(f(layer.eps_out), f(layer.eps_in))
+    b = layer.bias_mu + layer.bias_sigma * layer.eps_out
+    torch.testing.assert_close(layer(x), x @ W.T + b)
+    torch.testing.assert_close(layer(x, noise=False), x @ layer.weight_mu.T + layer.bias_mu)
+
+
+def test_dueling_branches_have_zero_mean_advantage_per_branch():
+    torch.manual_seed(0)
+    net = BranchingQNet(tiny(noisy=False))
+    x = torch.randn(6, 64)
+    out = net(x)  # [6, 11, 51]
+    h = x
+    for layer in net.trunk:
+        h = torch.relu(layer(h))
+    hs = torch.relu(net.head(h)).chunk(4, 1)
+    v = net.value(hs[0])
+    for b, n in enumerate(BRANCHES):
+        a = net.adv[b](hs[b + 1]).view(6, n, 51)
+        o = net.offsets[b]
+        torch.testing.assert_close(out[:, o : o + n], v[:, None] + a - a.mean(1, keepdim=True))
+
+
+def test_quantile_huber_against_a_loop():
+    rng = np.random.default_rng(2)
+    B, K, K2, nb = 3, 4, 5, 2
+    theta = torch.tensor(rng.normal(size=(B, K, nb)))
+    target = torch.tensor(rng.normal(size=(B, K2, nb)) * 2)
+    taus = torch.tensor(rng.uniform(size=(B, K)))
+    got = quantile_huber(theta, target, taus)
+    for b in range(B):
+        tot = 0.0
+        for br in range(nb):
+            s = 0.0
+            for i in range(K):
+                for j in range(K2):
+                    u = float(target[b, j, br] - theta[b, i, br])
+                    h = 0.5 * u * u if abs(u) <= 1 else abs(u) - 0.5
+                    s += abs(float(taus[b, i]) - (u < 0)) * h / K2
+            tot += s
+        assert float(got[b]) == pytest.approx(tot / nb)
+
+
+# ------------------------------------------------------------------------------ options
+@pytest.mark.parametrize(
+    "opts",
+    [
+        {},
+        {"distribution": "iqn"},
+        {"cql_alpha": 0.5},
+        {"noisy": False, "epsilon": 0.1, "double_q": False},
+    ],
+)
+def test_every_option_learns_a_finite_loss(opts):
+    data = random_data()
+    agent = RainbowAgent(tiny(**opts), EnvConfig(episode_bars=50), data, seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    before = [p.detach().clone() for p in agent.params]
+    for _ in range(2):
+        agent.collect()
+        agent.learn()
+    stats = agent.read_stats()
+    assert math.isfinite(stats["losses/loss"]) and stats["losses/loss"] > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, agent.params, strict=True))
+    if opts.get("cql_alpha"):
+        assert stats["losses/cql"] > 0
+
+
+def test_normaliser_sees_only_the_train_range():
+    data = random_data()
+    data.fit_normaliser(100, 300)
+    mean, inv = data.mean.clone(), data.inv_std.clone()
+    data.mkt[:100] += 1e3  # outside the train range
+    data.mkt[300:] *= -7.0
+    data.fit_normaliser(100, 300)
+    assert torch.equal(mean, data.mean) and torch.equal(inv, data.inv_std)
+    x = data.mkt[100:300].double()
+    torch.testing.assert_close(data.mean.double(), x.mean(0), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(1 / data.inv_std.double(), x.std(0), rtol=1e-5, atol=1e-6)
