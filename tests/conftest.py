@@ -29,3 +29,18 @@ def small_raw(tmp_path_factory) -> Path:
         workers=1,
     )
     return out
+
+
+@pytest.fixture(scope="session")
+def demo_es(tmp_path_factory) -> tuple[Path, Path]:
+    """The demo set's ES (6 months, planted signal): fxcache root and folds file."""
+    from foxhunt.folds import FoldsConfig, run_folds
+    from foxhunt.ingest.core import IngestConfig, run_ingest
+    from foxhunt.precompute import PrecomputeConfig, run_precompute
+
+    root = tmp_path_factory.mktemp("demo")
+    generate(SynthConfig(out=root / "raw", symbols=("ES",)), workers=2)
+    run_ingest(IngestConfig(raw=root / "raw", out=root / "ingested"))
+    run_precompute(PrecomputeConfig(data=root / "ingested", out=root / "fxcache", symbols=("ES",)))
+    folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="ES", out=root / "ES.json"))
+    return root / "fxcache", folds

@@ -27,7 +27,14 @@ class RefEnv:
         self.ret1 = np.append(close[1:] / close[:-1] - 1.0, 0.0)
 
     def start(self, t: int, steps: int):
-        self.t, self.pos, self.entry, self.hold, self.eq, self.steps = t, 0.0, self.c[t], 0.0, 0.0, steps
+        self.t, self.pos, self.entry, self.hold, self.eq, self.steps = (
+            t,
+            0.0,
+            self.c[t],
+            0.0,
+            0.0,
+            steps,
+        )
 
     def restart_bar(self, u: float) -> int:
         span = np.float32(self.hi - 1 - self.lo)

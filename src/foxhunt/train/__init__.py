@@ -10,9 +10,9 @@ __all__ = [
     "DQNConfig",
     "EnvConfig",
     "RainbowAgent",
+    "TradingEnv",
     "TrainConfig",
     "TrainError",
     "TrainResult",
-    "TradingEnv",
     "run_train",
 ]

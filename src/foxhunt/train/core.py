@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -106,7 +107,8 @@ class TrainResult:
             lines.append(
                 f"fold {f['fold']:2d}  best epoch {f['best_epoch']:3d}  "
                 f"val Sharpe {v['sharpe']:7.2f}  test Sharpe {t['sharpe']:7.2f}  "
-                f"test max DD {t['max_drawdown']:.2%}  random val Sharpe {f['random_val']['sharpe']:7.2f}"
+                f"test max DD {t['max_drawdown']:.2%}  "
+                f"random val Sharpe {f['random_val']['sharpe']:7.2f}"
             )
         a = self.aggregate
         lines.append(
@@ -121,9 +123,9 @@ def load_folds(path: Path) -> dict:
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise TrainError(f"{path}: no such folds file; run `foxhunt folds` first")
+        raise TrainError(f"{path}: no such folds file; run `foxhunt folds` first") from None
     except json.JSONDecodeError as e:
-        raise TrainError(f"{path}: not JSON ({e})")
+        raise TrainError(f"{path}: not JSON ({e})") from None
     for k in ("fxcache_key", "folds", "bar_size"):
         if k not in doc:
             raise TrainError(f"{path}: field {k!r} missing; not a `foxhunt folds` file")
@@ -171,7 +173,7 @@ class Clock:
         if self.cuda:
             self.marks[-1][1].synchronize()
         out = {}
-        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+        for (_, a), (name, b) in itertools.pairwise(self.marks):
             out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
         self.marks = []
         return out
@@ -184,7 +186,7 @@ def _save_atomic(obj, path: Path) -> None:
 
 
 def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dict) -> None:
-    """Best-epoch weights and normalisation statistics as safetensors, config and metrics as JSON."""
+    """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON)."""
     from safetensors.torch import save_file
 
     tensors = {f"net.{k}": v.detach().cpu().contiguous() for k, v in agent.net.state_dict().items()}

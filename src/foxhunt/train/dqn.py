@@ -26,6 +26,7 @@ moving to another fold only rewrites tensors in place, so the graphs survive it.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import copy
 import math
 from dataclasses import dataclass, replace
@@ -183,7 +184,7 @@ class BranchingQNet(nn.Module):
         self.iqn = cfg.distribution == "iqn"
         self.out = 1 if self.iqn else cfg.atoms
         dims = (IN_DIM, *cfg.hidden)
-        self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in zip(dims[:-1], dims[1:]))
+        self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
         h, hh, nb = dims[-1], cfg.head_hidden, len(branches)
         if self.iqn:
             self.embed = nn.Linear(cfg.iqn_embedding, h)
@@ -230,7 +231,7 @@ class BranchingQNet(nn.Module):
         a = torch.cat(
             [
                 self._call(layer, hb, noise).view(-1, n, self.out)
-                for layer, hb, n in zip(self.adv, hs[1:], self.branches)
+                for layer, hb, n in zip(self.adv, hs[1:], self.branches, strict=True)
             ],
             dim=1,
         )  # [R, A, out]
@@ -369,7 +370,7 @@ class RainbowAgent:
         # into A + 1 columns, the last one -inf.
         nmax, A = max(BRANCHES), sum(BRANCHES)
         pad_idx = torch.full((len(BRANCHES), nmax), A, dtype=torch.long)
-        for b, (o, nb) in enumerate(zip(self.net.offsets, BRANCHES)):
+        for b, (o, nb) in enumerate(zip(self.net.offsets, BRANCHES, strict=True)):
             pad_idx[b, :nb] = torch.arange(o, o + nb)
         self.pad_idx = pad_idx.to(dev)
         self.offsets = torch.tensor(self.net.offsets, device=dev)
@@ -430,7 +431,7 @@ class RainbowAgent:
                 if p.grad is not None:
                     p.grad.zero_()
         for st in self.opt.state.values():
-            for k, v in st.items():
+            for v in st.values():
                 if torch.is_tensor(v):
                     v.zero_()
         self.data.fit_normaliser(train_lo, train_hi)

@@ -1,0 +1,188 @@
+"""`foxhunt train` on the demo set: determinism, resume, learning, tracking, checkpoints."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from foxhunt.cli import main
+from foxhunt.fxcache import FxCache
+from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+from foxhunt.train.core import TrainError
+from foxhunt.train.tracking import MlflowLogger, NullLogger
+
+TINY = DQNConfig(
+    hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
+    replay_capacity=4096,
+)  # fmt: skip
+
+
+def tiny_cfg(demo, out: Path, **kw) -> TrainConfig:
+    cache, folds = demo
+    base = dict(
+        folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=8, dqn=TINY,
+        env=EnvConfig(episode_bars=256),
+    )  # fmt: skip
+    return TrainConfig(**(base | kw))
+
+
+def metrics_of(res) -> list:
+    return [(f["fold"], f["best_epoch"], f["val"], f["test"], f["random_val"]) for f in res.folds]
+
+
+def test_same_seed_same_metrics_and_another_seed_differs(demo_es, tmp_path):
+    a = run_train(tiny_cfg(demo_es, tmp_path / "a", fold_ids=(0,)), NullLogger())
+    b = run_train(tiny_cfg(demo_es, tmp_path / "b", fold_ids=(0,)), NullLogger())
+    c = run_train(tiny_cfg(demo_es, tmp_path / "c", fold_ids=(0,), seed=1), NullLogger())
+    assert metrics_of(a) == metrics_of(b)
+    assert metrics_of(a) != metrics_of(c)
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tmp_path):
+    full = run_train(tiny_cfg(demo_es, tmp_path / "full"), NullLogger())
+    assert len(full.folds) == 2
+
+    def kill(fold, epoch):
+        if (fold, epoch) == (0, 1):
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "killed")
+    with pytest.raises(Killed):
+        run_train(cfg, NullLogger(), on_epoch_end=kill)
+    resumed = run_train(cfg, NullLogger())
+    assert resumed.resumed
+    assert metrics_of(resumed) == metrics_of(full)
+    # A finished run resumes to its results at once; another config starts afresh.
+    again = run_train(cfg, NullLogger())
+    assert again.resumed and metrics_of(again) == metrics_of(full)
+    other = run_train(dataclasses.replace(cfg, epochs=2), NullLogger())
+    assert not other.resumed
+
+
+def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
+    from safetensors.torch import load_file
+
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.dqn import RainbowAgent
+    from foxhunt.train.evaluate import Evaluator
+    from foxhunt.train.metrics import periods_per_year, trading_metrics
+
+    cfg = tiny_cfg(demo_es, tmp_path, fold_ids=(1,))
+    res = run_train(cfg, NullLogger())
+    ckpt = res.run_dir / "fold-1" / "best.safetensors"
+    meta = json.loads(ckpt.with_suffix(".json").read_text())
+    assert meta["epoch"] == res.folds[0]["best_epoch"]
+    tensors = load_file(str(ckpt))
+    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
+    data = MarketData.from_fxcache(cache, torch.device("cpu"))
+    agent = RainbowAgent(
+        TINY, cfg.env, data, seed=123
+    )  # other init: the weights must come from disk
+    agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    data.mean.copy_(tensors["norm.mean"])
+    data.inv_std.copy_(tensors["norm.inv_std"])
+    fold = next(f for f in json.loads(demo_es[1].read_text())["folds"] if f["fold"] == 1)
+    ev = Evaluator(cfg.env, data, cfg.eval_segments)
+    r, tr = ev.run(
+        lambda t, p: agent.act(agent.state(t, p), noise=False), fold["test_start"], fold["test_end"]
+    )
+    got = trading_metrics(r, tr, periods_per_year(cache.timestamps))
+    assert got == res.folds[0]["test"]
+    # The normaliser is the train range's.
+    x = data.mkt[fold["train_start"] : fold["train_end"]].double()
+    torch.testing.assert_close(data.mean.double(), x.mean(0), rtol=1e-5, atol=1e-6)
+
+
+def test_it_learns_the_planted_signal(demo_es, tmp_path):
+    """CPU-sized run on the demo set with its planted signal: the greedy policy must beat a
+    random one and zero, on val (best epoch) and on test (never seen in training or selection).
+    Costs are off, so that the signal (corr ~0.06 with the next return) is worth trading."""
+    cfg = tiny_cfg(
+        demo_es, tmp_path, epochs=8, eval_segments=16,
+        env=EnvConfig(episode_bars=512, fee_bps=0.0, half_spread_bps=0.0),
+        dqn=DQNConfig(
+            hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, v_min=-6.0, v_max=6.0,
+            envs=64, collect_steps=64, learn_steps=128, batch_size=256, lr=1e-3,
+        ),
+    )  # fmt: skip
+    res = run_train(cfg, NullLogger())
+    a = res.aggregate
+    print(res.summary())
+    assert a["val_sharpe"] > 4.0, a
+    assert a["val_sharpe"] > a["random_val_sharpe"] + 10.0, a
+    assert a["test_sharpe"] > 3.0, a
+
+
+def test_mlflow_layout(demo_es, tmp_path):
+    mlflow = pytest.importorskip("mlflow")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    logger = MlflowLogger("foxhunt-test", tracking_uri=uri)
+    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=2)
+    res = run_train(cfg, logger)
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("foxhunt-test")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    assert len(parents) == 1 and len(children) == 2
+    parent = parents[0]
+    assert parent.data.tags["fxcache_key"] == json.loads(demo_es[1].read_text())["fxcache_key"]
+    assert parent.data.tags["model"] == "dqn" and parent.data.tags["symbol"] == "ES"
+    assert parent.data.params["dqn.batch_size"] == "64"
+    assert parent.data.metrics["eval/mean_test_sharpe"] == pytest.approx(
+        res.aggregate["test_sharpe"]
+    )
+    for child in children:
+        assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        hist = client.get_metric_history(child.info.run_id, "losses/loss")
+        assert sorted(m.step for m in hist) == [0, 1]
+        for key in ("eval/val_sharpe", "eval/val_max_drawdown", "time/learn_s", "time/collect_s",
+                    "time/eval_s", "charts/collect_turnover", "eval/test_sharpe"):  # fmt: skip
+            assert key in child.data.metrics, key
+        arts = [a.path for a in client.list_artifacts(child.info.run_id, "checkpoint")]
+        assert "checkpoint/best.safetensors" in arts and "checkpoint/best.json" in arts
+
+
+def test_training_imports_without_polars_mlflow_kfp_or_talib(demo_es, tmp_path):
+    """The GPU image has torch, numpy, pyarrow and safetensors only."""
+    code = f"""
+import sys
+for m in ("polars", "mlflow", "kfp", "talib", "databento", "databento_dbn", "tyro", "rich"):
+    sys.modules[m] = None
+from pathlib import Path
+from foxhunt.train import TrainConfig, DQNConfig, run_train
+from foxhunt.train.tracking import NullLogger
+cfg = TrainConfig(folds=Path({str(demo_es[1])!r}), cache=Path({str(demo_es[0])!r}), epochs=1,
+    fold_ids=(0,), out=Path({str(tmp_path)!r}), tracking="none", eval_segments=4,
+    dqn=DQNConfig(hidden=(16,), head_hidden=8, envs=4, collect_steps=4, learn_steps=1,
+                  batch_size=8, replay_capacity=64))
+print(run_train(cfg, NullLogger()).aggregate["val_sharpe"])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+
+
+def test_cli_train_and_its_errors(demo_es, tmp_path, capsys):
+    cache, folds = demo_es
+    rc = main([
+        "train", "--folds", str(folds), "--cache", str(cache), "--epochs", "1", "--fold-ids", "0",
+        "--out", str(tmp_path), "--tracking", "none", "--envs", "8", "--collect-steps", "4",
+        "--learn-steps", "2", "--batch-size", "16", "--hidden", "16", "16",
+        "--replay-capacity", "256",
+    ])  # fmt: skip
+    out = capsys.readouterr().out
+    assert rc == 0 and "fold  0" in out and "test Sharpe" in out
+    assert main(["train", "--folds", str(tmp_path / "nope.json")]) == 1
+    assert "nope.json: no such folds file" in capsys.readouterr().err
+    with pytest.raises(TrainError, match="epochs = 0"):
+        run_train(TrainConfig(folds=folds, cache=cache, epochs=0, tracking="none"))
