@@ -383,7 +383,7 @@ class RainbowAgent:
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
         if self.cfg.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+            return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
         return contextlib.nullcontext()
 
     def _zeros(self, n: int) -> torch.Tensor:

@@ -1,0 +1,58 @@
+"""GPU-only checks (marker `gpu`; CI has no GPU, the device machine runs them):
+the captured CUDA-graph path gives the same numbers as the eager path."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from foxhunt.train.data import MarketData
+from foxhunt.train.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.env import EnvConfig
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_data(n: int = 20_000, seed: int = 0) -> MarketData:
+    rng = np.random.default_rng(seed)
+    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
+    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
+    return MarketData(
+        rng.normal(size=(n, 42)).astype(np.float32),
+        rng.normal(size=(n, 8)).astype(np.float32),
+        targets,
+        torch.device("cuda"),
+    )
+
+
+def run_epochs(capture: str, precision: str, distribution: str = "c51", epochs: int = 3):
+    data = gpu_data()
+    cfg = DQNConfig(
+        hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=24, batch_size=512,
+        replay_capacity=32_768, capture=capture, precision=precision, distribution=distribution,
+    )  # fmt: skip
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
+    agent.ensure_optimizer_state()
+    agent.reset_fold(1000, 15000, seed=3)
+    if capture == "graph":
+        agent.capture()
+    stats = []
+    for _ in range(epochs):
+        agent.collect()
+        agent.learn()
+        stats.append(agent.read_stats())
+    params = torch.cat([p.detach().flatten() for p in agent.params]).cpu()
+    return stats, params, agent.replay.prio.cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize(
+    ("precision", "distribution"), [("fp32", "c51"), ("bf16", "c51"), ("bf16", "iqn")]
+)
+def test_captured_graphs_give_the_eager_numbers(precision, distribution):
+    s_e, p_e, pr_e = run_epochs("eager", precision, distribution)
+    s_g, p_g, pr_g = run_epochs("graph", precision, distribution)
+    assert s_e == s_g, (s_e, s_g)
+    assert torch.equal(p_e, p_g)
+    assert torch.equal(pr_e, pr_g)
