@@ -159,7 +159,7 @@ def main() -> None:
             agent.reset_fold(*train, seed=k)
             sync(dev)
             resets.append((time.perf_counter() - a) * 1e3)
-        epochs = 2 if args.cpu_smoke else args.epochs
+        epochs = 2 if args.cpu_smoke else (args.epochs if capture == "graph" else 3)
         r = time_epochs(agent, evaluator, val, epochs=epochs, warm=1)
         r |= {"build_s": build_s, "fold_reset_ms": statistics.median(resets), "params": nparam}
         if dev.type == "cuda":
