@@ -1,4 +1,4 @@
-"""Training speed on the standard GPU workload (../shared/bench/README.md), through foxhunt's trainer.
+"""Training speed on the standard GPU workload (../shared/bench/README.md), through foxhunt.
 
     python bench/bench_train.py                 on a CUDA device (the H200 of the device tool)
     python bench/bench_train.py --cpu-smoke     tiny sizes on the CPU: checks the script runs
@@ -14,7 +14,7 @@ every head layer a second matmul, ~1.5x the network's FLOPs), `-compile` torch.c
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
 captured (CUDA graphs) bf16 with the phase breakdown (collect, learn, val eval over 100k bars in
-256 pieces), each as mean and 95% CI over the timed epochs, and whether eager and captured
+1024 pieces), each as mean and 95% CI over the timed epochs, and whether eager and captured
 give the same numbers (tests/test_train_gpu.py). Prints a table; JSON to $OUT or /tmp.
 """
 
@@ -34,10 +34,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.train.data import MarketData  # noqa: E402
-from foxhunt.train.dqn import DQNConfig, RainbowAgent  # noqa: E402
-from foxhunt.train.env import EnvConfig  # noqa: E402
-from foxhunt.train.evaluate import Evaluator  # noqa: E402
+from foxhunt.train.data import MarketData
+from foxhunt.train.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.evaluate import Evaluator
 
 T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
 
@@ -82,7 +82,7 @@ def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
         agent.learn()
         sync(dev)
         t2 = time.perf_counter()
-        evaluator.run(greedy, *val)
+        evaluator.run(greedy, *val, graph=True)
         sync(dev)
         t3 = time.perf_counter()
         stats = agent.read_stats()
@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="eager-fp32,eager-bf16,graph-fp32,graph-bf16,graph-bf16-noisy,graph-bf16-compile",
-        help="capture-precision[-noisy][-compile]; without -noisy: epsilon-greedy 0.05 as the anchor",
+        help="capture-precision[-noisy][-compile]; without -noisy: epsilon-greedy 0.05",
     )
     ap.add_argument("--check", action="store_true", help="run the eager == captured checks")
     args = ap.parse_args()
@@ -122,15 +122,18 @@ def main() -> None:
     data = MarketData(feats, ofi, targets, dev)
     res["upload_ms"] = statistics.median(ups)
     res["upload_mb"] = data.upload.bytes / 1e6
-    print(f"upload of {n:,} bars ({res['upload_mb']:.0f} MB, pinned={data.upload.pinned}): "
-          f"{res['upload_ms']:.1f} ms (runs {', '.join(f'{u:.1f}' for u in ups)})", flush=True)  # fmt: skip
+    runs = ", ".join(f"{u:.1f}" for u in ups)
+    print(
+        f"upload of {n:,} bars ({res['upload_mb']:.0f} MB, pinned={data.upload.pinned}): "
+        f"{res['upload_ms']:.1f} ms (runs {runs})",
+        flush=True,
+    )
 
     small = dict(envs=256, collect_steps=8, learn_steps=8, batch_size=256, replay_capacity=8192)
     env_cfg = EnvConfig()
     train = (0, int(n * 0.6))
     val = (int(n * 0.6), int(n * 0.6) + (2_000 if args.cpu_smoke else 100_000))
-    segments = 16 if args.cpu_smoke else 256
-    evaluator = Evaluator(env_cfg, data, segments)
+    segments = 16 if args.cpu_smoke else 1024
     for variant in args.variants.split(","):
         capture, precision, *opts = variant.split("-")
         if args.cpu_smoke and capture == "graph":
@@ -149,6 +152,7 @@ def main() -> None:
         agent.reset_fold(*train, seed=1)
         if capture == "graph":
             agent.capture()
+        evaluator = Evaluator(env_cfg, data, segments, capture=capture == "graph")
         build_s = time.perf_counter() - t0
         nparam = sum(p.numel() for p in agent.params)
         # Fold transition: everything a new fold needs, in place.
@@ -182,15 +186,20 @@ def main() -> None:
         import test_train_gpu as t
 
         checks = {}
-        for precision, dist in (("fp32", "c51"), ("bf16", "c51"), ("bf16", "iqn")):
-            s_e, p_e, pr_e = t.run_epochs("eager", precision, dist)
-            s_g, p_g, pr_g = t.run_epochs("graph", precision, dist)
+        for precision, dist, ep, ls in (("fp32", "c51", 3, 24), ("bf16", "c51", 3, 24),
+                                        ("fp32", "iqn", 1, 1), ("fp32", "iqn", 3, 24)):  # fmt: skip
+            s_e, p_e, pr_e = t.run_epochs("eager", precision, dist, ep, ls)
+            s_g, p_g, pr_g = t.run_epochs("graph", precision, dist, ep, ls)
             same = s_e == s_g and torch.equal(p_e, p_g) and torch.equal(pr_e, pr_g)
             diff = (p_e - p_g).abs().max().item()
-            checks[f"{precision}-{dist}"] = {"identical": same, "max_param_diff": diff}
-            print(f"eager vs captured {precision} {dist}: identical={same} "
-                  f"max param diff {diff:.3g}; losses {[round(s['losses/loss'], 6) for s in s_e]}"
-                  f" vs {[round(s['losses/loss'], 6) for s in s_g]}", flush=True)  # fmt: skip
+            checks[f"{precision}-{dist}-{ep}x{ls}"] = {"identical": same, "max_param_diff": diff}
+            le = [round(s["losses/loss"], 6) for s in s_e]
+            lg = [round(s["losses/loss"], 6) for s in s_g]
+            print(
+                f"eager vs captured {precision} {dist} {ep} epochs x {ls} steps: "
+                f"identical={same} max param diff {diff:.3g}; losses {le} vs {lg}",
+                flush=True,
+            )
         res["eager_vs_captured"] = checks
 
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_train.json"

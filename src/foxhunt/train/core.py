@@ -71,7 +71,7 @@ class TrainConfig:
     resume: bool = True
     """Continue from the run directory's resume file when it matches this config."""
     eval_segments: int | None = None
-    """Pieces the val/test range is evaluated in, in parallel (default: 256 on a GPU, 16 on a
+    """Pieces the val/test range is evaluated in, in parallel (default: 1024 on a GPU, 16 on a
     CPU; 1 is one sequential walk)."""
     tracking: Literal["mlflow", "none"] = "mlflow"
     """Log to MLflow (MLFLOW_TRACKING_URI, else sqlite in the working directory) or not at all."""
@@ -235,8 +235,8 @@ def run_train(
     agent.ensure_optimizer_state()
     if agent.cfg.capture == "graph":
         agent.capture()
-    segments = cfg.eval_segments or (256 if device.type == "cuda" else 16)
-    evaluator = Evaluator(cfg.env, data, segments)
+    segments = cfg.eval_segments or (1024 if device.type == "cuda" else 16)
+    evaluator = Evaluator(cfg.env, data, segments, capture=agent.cfg.capture == "graph")
 
     def greedy(t, port):
         return agent.act(agent.state(t, port), noise=False)
@@ -310,7 +310,7 @@ def run_train(
             clock.mark("collect")
             agent.learn()
             clock.mark("learn")
-            val_r, val_tr = evaluator.run(greedy, *ranges["val"])
+            val_r, val_tr = evaluator.run(greedy, *ranges["val"], graph=True)
             clock.mark("eval")
             times = clock.read()
             stats = agent.read_stats()
@@ -355,7 +355,7 @@ def run_train(
         # The best epoch, once on the test range; and a random policy for scale.
         live = {n: v.clone() for n, v in agent.net.state_dict().items()}
         agent.net.load_state_dict(best_weights)
-        test_r, test_tr = evaluator.run(greedy, *ranges["test"])
+        test_r, test_tr = evaluator.run(greedy, *ranges["test"], graph=True)
         test = trading_metrics(test_r, test_tr, ppy)
         agent.net.load_state_dict(live)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)

@@ -4,6 +4,9 @@ The range's bars are cut into `segments` contiguous pieces of equal length, and 
 each piece, starting flat; the per-bar returns of the pieces, put back in time order, are the
 range's return series. With segments = 1 this is one sequential walk through the range; more
 segments trade exactness at the piece boundaries (each starts flat) for speed on a GPU.
+
+On a GPU one evaluation step (policy, env step, and writing its row of returns at a device-side
+step counter) can be captured as a CUDA graph and replayed once per step of the pieces.
 """
 
 from __future__ import annotations
@@ -20,31 +23,75 @@ Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Evaluator:
-    def __init__(self, env_cfg: EnvConfig, data, segments: int):
-        self.data, self.segments = data, segments
+    def __init__(self, env_cfg: EnvConfig, data, segments: int, capture: bool = False):
+        self.data, self.segments, self.capture = data, segments, capture
         self.env = TradingEnv(env_cfg, segments, data.close, data.high, data.low, data.ret1)
+        dev = data.device
+        self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
+        self.starts = torch.zeros(segments, dtype=torch.long, device=dev)
+        self.rets = self.trades = None
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
-    def run(self, policy: Policy, lo: int, hi: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1)."""
+    def _step(self, policy: Policy) -> None:
+        env = self.env
+        a = policy(env.t, env.portfolio())
+        _, r, f, _ = env.step(a[:, 0], a[:, 1], a[:, 2], self.starts, restart=False)
+        self.rets.index_copy_(0, self.k.view(1), r[None])
+        self.trades.index_copy_(0, self.k.view(1), f[None])
+        self.k.add_(1)
+
+    def _buffers(self, L: int) -> None:
+        if self.rets is None or self.rets.shape[0] < L:
+            K, dev = self.segments, self.data.device
+            self.rets = torch.zeros(L, K, device=dev)
+            self.trades = torch.zeros(L, K, device=dev)
+            self.graphs.clear()  # captured against the old buffers
+
+    def run(
+        self, policy: Policy, lo: int, hi: int, graph: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1).
+        With `graph` (and `capture` on), the policy's step is captured the first time and
+        replayed after: the policy must be graph-safe (device tensors only, no host reads), as
+        the greedy policy is."""
         n = hi - 1 - lo
         if n < 2:
             raise ValueError(f"range [{lo}, {hi}) is too short to evaluate")
         K = self.segments
         L = math.ceil(n / K)
-        dev = self.data.device
+        self._buffers(L)
         env = self.env
         env.set_range(lo, hi)
-        starts = (lo + torch.arange(K, device=dev) * L).clamp(max=hi - 2)
-        env.start_at(starts)
+        dev = self.data.device
+        self.starts.copy_((lo + torch.arange(K, device=dev) * L).clamp(max=hi - 2))
+        env.start_at(self.starts)
         env.episode_bars.fill_(L + 1)  # pieces end by their length, never by the clock
-        rets = torch.zeros(L, K, device=dev)
-        trades = torch.zeros(L, K, device=dev)
-        for k in range(L):
-            a = policy(env.t, env.portfolio())
-            _, r, f, _ = env.step(a[:, 0], a[:, 1], a[:, 2], starts, restart=False)
-            rets[k] = r
-            trades[k] = f
-        return rets.T.reshape(-1)[:n], trades.T.reshape(-1)[:n]
+        self.k.zero_()
+        key = id(policy)
+        graph = graph and self.capture
+        if graph and key not in self.graphs:
+            self.graphs[key] = self._capture(policy)
+            env.start_at(self.starts)
+            self.k.zero_()
+        g = self.graphs.get(key) if graph else None
+        for _ in range(L):
+            if g is not None:
+                g.replay()
+            else:
+                self._step(policy)
+        return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
+
+    def _capture(self, policy: Policy) -> torch.cuda.CUDAGraph:
+        s = torch.cuda.Stream(self.data.device)
+        s.wait_stream(torch.cuda.current_stream(self.data.device))
+        with torch.cuda.stream(s):
+            self._step(policy)  # warm-up (its effects are reset by the caller)
+        torch.cuda.current_stream(self.data.device).wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            self._step(policy)
+        torch.cuda.synchronize(self.data.device)
+        return g
 
 
 def random_policy(generator: torch.Generator) -> Policy:
