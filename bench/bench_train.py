@@ -104,7 +104,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="eager-fp32,eager-bf16,graph-fp32,graph-bf16,graph-bf16-noisy,graph-bf16-compile",
-        help="capture-precision[-noisy][-compile]; without -noisy: epsilon-greedy 0.05",
+        help="capture-precision[-noisy][-compile|-autotune]; without -noisy: epsilon-greedy 0.05",
     )
     ap.add_argument("--check", action="store_true", help="run the eager == captured checks")
     args = ap.parse_args()
@@ -143,7 +143,8 @@ def main() -> None:
             precision=precision,
             noisy="noisy" in opts,
             epsilon=0.0 if "noisy" in opts else 0.05,
-            compile="compile" in opts,
+            compile="compile" in opts or "autotune" in opts,
+            compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
             **(small if args.cpu_smoke else {}),
         )
         t0 = time.perf_counter()
