@@ -31,12 +31,21 @@ precompute: setup ## Bars, features and order flow of data/ingested into the fxc
 folds: setup ## Walk-forward folds of each demo cache into data/folds
 	@for s in ES NQ; do $(BIN)/foxhunt folds --cache $(DATA)/fxcache --symbol $$s --out $(DATA)/folds/$$s.json || exit 1; done
 
-run: synth ingest precompute folds ## The pipeline end to end on demo data (grows with each stage)
+# Demo training settings: CPU-sized, costs off so that the planted signal pays (docs/performance.md).
+TRAIN_DEMO := --epochs 8 --eval-segments 16 --episode-bars 512 --fee-bps 0 --half-spread-bps 0 \
+	--hidden 128 128 --head-hidden 64 --gamma 0.5 --n-step 1 --v-min -6 --v-max 6 \
+	--envs 64 --collect-steps 64 --learn-steps 128 --batch-size 256 --lr 1e-3
+
+train: setup ## Train Rainbow DQN over the ES demo folds (CPU-sized demo settings; MLflow in ./mlflow.db)
+	$(BIN)/foxhunt train --folds $(DATA)/folds/ES.json --cache $(DATA)/fxcache --out $(DATA)/runs $(TRAIN_DEMO)
+
+run: synth ingest precompute folds train ## The pipeline end to end on demo data (grows with each stage)
 	@echo
 	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"
 	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
 	@echo "fxcache:             $(DATA)/fxcache         (foxhunt fxcache ls; docs/features.md)"
 	@echo "walk-forward folds:  $(DATA)/folds/{ES,NQ}.json"
+	@echo "training runs:       $(DATA)/runs            (checkpoints, results.json; MLflow: mlflow.db)"
 
 test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
@@ -52,6 +61,10 @@ format: setup ## Format the code with ruff
 bench: setup ## Run the CPU benchmarks (synth, ingest and precompute throughput, fxcache open)
 	$(BIN)/python bench/bench_ingest.py
 	$(BIN)/python bench/bench_precompute.py --data $(DATA)/ingested
+	$(BIN)/python bench/bench_learning.py --data $(DATA)
+
+bench-gpu: ## On a CUDA machine: the standard training workload, eager vs CUDA graphs (bench_train.py)
+	python3 bench/bench_train.py --check
 
 features-doc: setup ## Regenerate the feature table in docs/features.md from the catalogue
 	$(BIN)/python -c "from foxhunt.precompute.features import write_docs; write_docs()"
@@ -59,4 +72,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run test lint format bench features-doc clean
+.PHONY: help setup synth ingest precompute folds train run test lint format bench bench-gpu features-doc clean
