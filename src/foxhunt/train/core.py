@@ -115,6 +115,8 @@ class TrainResult:
             f"mean over {len(self.folds)} fold(s): val Sharpe {a['val_sharpe']:.2f}, test Sharpe "
             f"{a['test_sharpe']:.2f} (device {self.device}; upload {self.upload_ms:.1f} ms)"
         )
+        if self.resumed:
+            lines.append(f"continued from {self.run_dir / 'resume.pt'} (same configuration)")
         lines.append(f"checkpoints and results in {self.run_dir}")
         return "\n".join(lines)
 
