@@ -259,21 +259,6 @@ def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: to
     return torch.bmm(p_next, hat)
 
 
-def project_c51_cdf(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
-    """The same projection as `project_c51`, as a difference of cumulative masses:
-    CDF(i) = sum_j p_j clamp(i + 1 - b_j, 0, 1). Written as a broadcast product and a sum, which
-    torch.compile fuses into one reduction kernel without the [B, atoms, atoms] matrix (eager
-    would build a [B, K, atoms, atoms] tensor: use `project_c51` there)."""
-    n = z.numel()
-    v_min, v_max = z[0], z[-1]
-    dz = (v_max - v_min) / (n - 1)
-    b = ((R + disc * z).clamp(v_min, v_max) - v_min) / dz  # [B, atoms j]
-    i = torch.arange(n, device=z.device, dtype=b.dtype)
-    w = (i + 1.0 - b.unsqueeze(-1)).clamp(0.0, 1.0)  # [B, j, i]
-    cdf = (p_next.unsqueeze(-1) * w.unsqueeze(1)).sum(2)  # [B, K, i]
-    return torch.diff(cdf, dim=-1, prepend=torch.zeros_like(cdf[..., :1]))
-
-
 def quantile_huber(theta: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa=1.0):
     """IQN loss per sample: theta [B, K, nb] at fractions taus [B, K], target [B, K', nb].
     Sum over K of the mean over K' of |tau - 1{u < 0}| * Huber_kappa(u) / kappa, mean over nb."""
@@ -363,8 +348,7 @@ class RainbowAgent:
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         self.params = list(self.net.parameters())
-        # Fused Adam in eager and captured runs; foreach when compiled (inductor fuses it).
-        fused = dev.type == "cuda" and not cfg.compile
+        fused = dev.type == "cuda"
         self.opt = torch.optim.Adam(
             self.params,
             lr=cfg.lr,
@@ -395,11 +379,9 @@ class RainbowAgent:
         self.n_branch = torch.tensor(BRANCHES, device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._reset_lists = None
-        self.target_params = list(self.target.parameters())
-        self._update = self._update_impl
+        self.learn_fn = self._learn_step
         if cfg.compile:
             self._loss = torch.compile(self._loss, mode=cfg.compile_mode)
-            self._update = torch.compile(self._update_impl, mode=cfg.compile_mode)
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -530,8 +512,7 @@ class RainbowAgent:
             logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
             with torch.no_grad():
                 p2 = F.softmax(tg2.float().gather(1, a2[:, :, None].expand(-1, -1, A)), -1)
-                project = project_c51_cdf if cfg.compile else project_c51
-                m = project(p2, R, disc, self.z)
+                m = project_c51(p2, R, disc, self.z)
                 q_taken = torch.matmul(logp.detach().exp(), self.z).mean()
             per = -(m * logp).sum(-1).mean(1)
         loss = (w * per).mean()
@@ -552,18 +533,12 @@ class RainbowAgent:
         loss, per, q_taken, cql = self._loss(idx, w)
         self.opt.zero_grad(set_to_none=False)
         loss.backward()
-        self._update(idx, per, torch.stack([loss.detach(), q_taken, cql]))
-
-    def _update_impl(self, idx: torch.Tensor, per: torch.Tensor, st: torch.Tensor) -> None:
-        """Clip, Adam, soft target update, new priorities, statistics (compiled as one piece
-        when `compile` is on)."""
-        cfg = self.cfg
         gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
         self.opt.step()
         with torch.no_grad():
-            torch._foreach_lerp_(self.target_params, self.params, cfg.tau)
+            torch._foreach_lerp_(list(self.target.parameters()), self.params, cfg.tau)
             self.replay.update(idx, per, cfg.per_alpha)
-            self.stats[0:4] += torch.stack([st[0], gn, st[1], st[2]])
+            self.stats[0:4] += torch.stack([loss.detach(), gn, q_taken, cql])
 
     def learn(self) -> None:
         g = self.graphs.get("learn")
