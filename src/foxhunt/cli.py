@@ -6,6 +6,7 @@
     foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
     foxhunt folds --help      walk-forward train/val/test ranges of a cache, as JSON
     foxhunt train --help      an agent over the folds (Rainbow DQN), on a GPU or the CPU
+    foxhunt report --help     test metrics over folds and seeds, deflated Sharpe, equity curves
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
 `--help` text) and calls the step's one function, exactly as the KFP component does.
@@ -30,6 +31,7 @@ from foxhunt.fxcache.store import quarantine
 from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
 from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
 from foxhunt.precompute.source import SourceError
+from foxhunt.report import ReportConfig, ReportError, run_report
 from foxhunt.synth.generate import SynthConfig, generate
 from foxhunt.train import TrainConfig, TrainError, run_train
 
@@ -138,8 +140,27 @@ def cmd_train(cfg: TrainConfig) -> int:
     return 0
 
 
+def cmd_report(cfg: ReportConfig) -> int:
+    rep = run_report(cfg)
+    a, d = rep["aggregate"], rep["deflated_sharpe"]
+    print(
+        f"{len(rep['rows'])} test range(s): mean Sharpe {a['mean_test_sharpe']:.2f}, "
+        f"deflated Sharpe ratio {d['dsr']:.3f} over {d['trials']} trial(s); "
+        f"{cfg.out / 'report.md'} and report.html"
+    )
+    return 0
+
+
 # Errors a step raises for bad input or missing data: one line naming what is wrong, exit 1.
-STEP_ERRORS = (IngestError, PrecomputeError, SourceError, FoldError, FxCacheError, TrainError)
+STEP_ERRORS = (
+    IngestError,
+    PrecomputeError,
+    SourceError,
+    FoldError,
+    FxCacheError,
+    TrainError,
+    ReportError,
+)
 
 COMMANDS = {
     "synth": (cmd_synth, SynthConfig),
@@ -148,6 +169,7 @@ COMMANDS = {
     "fxcache": (cmd_fxcache, FxcacheCommand),
     "folds": (cmd_folds, FoldsConfig),
     "train": (cmd_train, TrainConfig),
+    "report": (cmd_report, ReportConfig),
 }
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
 import torch
 
 from foxhunt import __version__
@@ -359,6 +360,14 @@ def run_train(
         agent.net.load_state_dict(best_weights)
         test_r, test_tr = evaluator.run(greedy, *ranges["test"], graph=True)
         test = trading_metrics(test_r, test_tr, ppy)
+        lo, hi = ranges["test"]
+        np.savez(
+            run_dir / f"fold-{k}" / "test_returns.npz",
+            timestamps=cache.timestamps[lo + 1 : hi],
+            strategy=test_r.double().cpu().numpy(),
+            trades=test_tr.double().cpu().numpy(),
+            buy_and_hold=data.ret1[lo : hi - 1].double().cpu().numpy(),
+        )
         agent.net.load_state_dict(live)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)
         rnd_r, rnd_tr = evaluator.run(random_policy(gen), *ranges["val"])
@@ -379,6 +388,8 @@ def run_train(
                 "test": test,
                 "random_val": rnd,
                 "fold_reset_ms": reset_s * 1e3,
+                "ranges": ranges,
+                "test_returns": f"fold-{k}/test_returns.npz",
             }
         )
         _save_atomic(
@@ -405,6 +416,9 @@ def run_train(
         "symbol": symbol,
         "device": str(device),
         "mlflow_run_id": run_ids["parent"],
+        "seed": cfg.seed,
+        "model": cfg.model,
+        "periods_per_year": ppy,
         "folds": results,
         "aggregate": aggregate,
     }

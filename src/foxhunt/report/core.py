@@ -1,0 +1,261 @@
+"""`foxhunt report`: what a training run achieved out of sample, across folds and seeds.
+
+Input: one or more `results.json` files of `foxhunt train` (one per model and seed). Output,
+in `--out`: `report.md` (per-fold and aggregate test metrics, the deflated Sharpe ratio),
+`report.html` (the same with the equity curves inlined, for the Kubeflow UI), one PNG per fold
+and seed of the strategy's test equity curve against buy-and-hold, and `report.json`.
+
+The deflated Sharpe ratio (Bailey and Lopez de Prado 2014, "The Deflated Sharpe Ratio:
+Correcting for Selection Bias, Backtest Overfitting and Non-Normality") is the probability that
+the best trial's true Sharpe ratio is above the Sharpe ratio the best of N unskilled trials would
+show by luck:
+
+    SR0 = sqrt(V[SR_n]) * ((1 - g) * Z^-1(1 - 1/N) + g * Z^-1(1 - 1/(N e))),  g = 0.5772...
+    DSR = Z( (SR - SR0) * sqrt(T - 1) / sqrt(1 - skew * SR + (kurt - 1) / 4 * SR^2) )
+
+with per-bar (not annualised) Sharpe ratios, T the best trial's number of returns, skew and
+kurt (not excess) its returns' moments, V[SR_n] the variance of the trials' Sharpe ratios.
+Here a trial is one (fold, seed) test range.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import NormalDist
+
+import numpy as np
+
+from foxhunt.fsutil import write_text_atomic
+
+EULER_GAMMA = 0.5772156649015329
+_N = NormalDist()
+
+
+class ReportError(RuntimeError):
+    pass
+
+
+@dataclass
+class ReportConfig:
+    """Per-fold and aggregate test metrics, deflated Sharpe ratio and equity curves."""
+
+    results: tuple[Path, ...] = ()
+    """results.json files of `foxhunt train` (default: every one under data/runs)."""
+    out: Path = Path("data/report")
+    """Directory for report.md, report.html, report.json and the plots."""
+    runs: Path = Path("data/runs")
+    """Where to look for results.json when --results is not given."""
+    tracking: str = "none"
+    """'mlflow': also log the report as an MLflow run (MLFLOW_TRACKING_URI or ./mlflow.db)."""
+    experiment: str = "foxhunt"
+    """MLflow experiment name."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Extra MLflow tags (the pipeline passes the KFP run id)."""
+
+
+def moments(r: np.ndarray) -> tuple[float, float, float]:
+    """Per-bar Sharpe ratio, skewness and kurtosis (not excess) of a return series."""
+    r = np.asarray(r, dtype=np.float64)
+    mu, sd = r.mean(), r.std(ddof=1)
+    if sd == 0:
+        return 0.0, 0.0, 3.0
+    z = (r - mu) / r.std(ddof=0)
+    return mu / sd, float(np.mean(z**3)), float(np.mean(z**4))
+
+
+def expected_max_sharpe(var_sr: float, n_trials: int) -> float:
+    """SR0: the expected maximum per-bar Sharpe ratio of N unskilled trials."""
+    if n_trials < 2:
+        return 0.0
+    a = _N.inv_cdf(1.0 - 1.0 / n_trials)
+    b = _N.inv_cdf(1.0 - 1.0 / (n_trials * math.e))
+    return math.sqrt(max(var_sr, 0.0)) * ((1.0 - EULER_GAMMA) * a + EULER_GAMMA * b)
+
+
+def probabilistic_sharpe(sr: float, sr0: float, t: int, skew: float, kurt: float) -> float:
+    """P(true SR > sr0) given the observed per-bar sr over t returns (Bailey and Lopez de Prado
+    2012), adjusted for skewness and kurtosis."""
+    den = 1.0 - skew * sr + (kurt - 1.0) / 4.0 * sr * sr
+    if t < 2 or den <= 0:
+        return float("nan")
+    return _N.cdf((sr - sr0) * math.sqrt(t - 1) / math.sqrt(den))
+
+
+def deflated_sharpe(trials: list[np.ndarray]) -> dict:
+    """DSR of the best of `trials` (per-bar return series), deflated for their number and the
+    dispersion of their Sharpe ratios."""
+    if not trials:
+        raise ReportError("deflated Sharpe ratio: no trials")
+    srs = [moments(r)[0] for r in trials]
+    best = int(np.argmax(srs))
+    sr, skew, kurt = moments(trials[best])
+    var = float(np.var(srs, ddof=1)) if len(srs) > 1 else 0.0
+    sr0 = expected_max_sharpe(var, len(trials))
+    return {
+        "dsr": probabilistic_sharpe(sr, sr0, len(trials[best]), skew, kurt),
+        "best_trial": best,
+        "best_sharpe_per_bar": sr,
+        "sr0_per_bar": sr0,
+        "trials": len(trials),
+        "var_sharpe_per_bar": var,
+        "skew": skew,
+        "kurtosis": kurt,
+    }
+
+
+def _plot(path: Path, ts: np.ndarray, strat: np.ndarray, bh: np.ndarray, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    x = ts.astype("datetime64[ns]")
+    fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
+    ax.plot(x, np.cumprod(1.0 + strat) - 1.0, label="strategy (net of costs)", lw=1.2)
+    ax.plot(x, np.cumprod(1.0 + bh) - 1.0, label="buy and hold", lw=1.0, alpha=0.8)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel("cumulative return")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.autofmt_xdate()
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def find_results(cfg: ReportConfig) -> list[Path]:
+    paths = list(cfg.results) or sorted(cfg.runs.glob("*/results.json"))
+    if not paths:
+        raise ReportError(f"no results.json given and none under {cfg.runs}; run `foxhunt train`")
+    for p in paths:
+        if not Path(p).is_file():
+            raise ReportError(f"{p}: no such results file")
+    return [Path(p) for p in paths]
+
+
+METRIC_COLS = ("sharpe", "sortino", "profit_factor", "max_drawdown", "turnover", "hit_rate")
+
+
+def run_report(cfg: ReportConfig) -> dict:
+    paths = find_results(cfg)
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rows, trials, plots = [], [], []
+    for p in paths:
+        doc = json.loads(p.read_text())
+        for f in doc["folds"]:
+            rpath = p.parent / f["test_returns"]
+            if not rpath.is_file():
+                raise ReportError(f"{p}: fold {f['fold']}'s test returns {rpath} are missing")
+            z = np.load(rpath)
+            trials.append(z["strategy"])
+            bh = float(np.prod(1.0 + z["buy_and_hold"]) - 1.0)
+            name = f"equity-{doc['symbol']}-{doc['model']}-seed{doc['seed']}-fold{f['fold']}.png"
+            title = f"{doc['symbol']} {doc['model']} seed {doc['seed']} fold {f['fold']}: test"
+            _plot(cfg.out / name, z["timestamps"], z["strategy"], z["buy_and_hold"], title)
+            plots.append(name)
+            rows.append(
+                {
+                    "symbol": doc["symbol"],
+                    "model": doc["model"],
+                    "seed": doc["seed"],
+                    "fold": f["fold"],
+                    **{m: f["test"][m] for m in METRIC_COLS},
+                    "total_return": f["test"]["total_return"],
+                    "buy_and_hold": bh,
+                    "val_sharpe": f["val"]["sharpe"],
+                    "plot": name,
+                }
+            )
+    agg = {f"mean_test_{m}": float(np.mean([r[m] for r in rows])) for m in METRIC_COLS}
+    dsr = deflated_sharpe(trials)
+    report = {
+        "rows": rows,
+        "aggregate": agg,
+        "deflated_sharpe": dsr,
+        "results": [str(p) for p in paths],
+    }
+    md = _markdown(report)
+    write_text_atomic(cfg.out / "report.md", md)
+    write_text_atomic(cfg.out / "report.html", _html(report, cfg.out))
+    write_text_atomic(cfg.out / "report.json", json.dumps(report, indent=2, default=str))
+    if cfg.tracking == "mlflow":
+        _log_mlflow(cfg, report)
+    return report
+
+
+def _fmt(v: float, pct: bool = False) -> str:
+    if isinstance(v, float) and math.isinf(v):
+        return "inf"
+    return f"{v:.2%}" if pct else f"{v:.2f}"
+
+
+def _markdown(rep: dict) -> str:
+    d = rep["deflated_sharpe"]
+    lines = [
+        "# foxhunt report: test ranges",
+        "",
+        "| symbol | model | seed | fold | Sharpe | Sortino | profit factor | max DD | turnover "
+        "| hit rate | return | buy & hold | val Sharpe |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rep["rows"]:
+        lines.append(
+            f"| {r['symbol']} | {r['model']} | {r['seed']} | {r['fold']} | {_fmt(r['sharpe'])} "
+            f"| {_fmt(r['sortino'])} | {_fmt(r['profit_factor'])} "
+            f"| {_fmt(r['max_drawdown'], True)} | {r['turnover']:.3f} "
+            f"| {_fmt(r['hit_rate'], True)} | {_fmt(r['total_return'], True)} "
+            f"| {_fmt(r['buy_and_hold'], True)} | {_fmt(r['val_sharpe'])} |"
+        )
+    a = rep["aggregate"]
+    lines += [
+        "",
+        f"Mean over {len(rep['rows'])} test range(s): Sharpe {_fmt(a['mean_test_sharpe'])}, "
+        f"Sortino {_fmt(a['mean_test_sortino'])}, max drawdown "
+        f"{_fmt(a['mean_test_max_drawdown'], True)}, turnover {a['mean_test_turnover']:.3f}.",
+        "",
+        f"Deflated Sharpe ratio (Bailey and Lopez de Prado 2014) of the best of {d['trials']} "
+        f"trials (fold x seed): **{d['dsr']:.3f}** (per-bar Sharpe {d['best_sharpe_per_bar']:.4f} "
+        f"against SR0 {d['sr0_per_bar']:.4f} expected from luck; skew {d['skew']:.2f}, "
+        f"kurtosis {d['kurtosis']:.2f}).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _html(rep: dict, out: Path) -> str:
+    import html
+
+    body = [f"<pre>{html.escape(_markdown(rep))}</pre>"]
+    for r in rep["rows"]:
+        data = base64.b64encode((out / r["plot"]).read_bytes()).decode()
+        body.append(f'<img alt="{html.escape(r["plot"])}" src="data:image/png;base64,{data}"/>')
+    return "<html><body>" + "\n".join(body) + "</body></html>\n"
+
+
+def _log_mlflow(cfg: ReportConfig, rep: dict) -> None:
+    import mlflow
+
+    from foxhunt.train.tracking import default_tracking_uri
+
+    client = mlflow.MlflowClient(default_tracking_uri())
+    exp = client.get_experiment_by_name(cfg.experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
+    run = client.create_run(exp_id, run_name="report", tags={"foxhunt.step": "report", **cfg.tags})
+    rid = run.info.run_id
+    metrics = {f"eval/{k}": v for k, v in rep["aggregate"].items()}
+    metrics["eval/deflated_sharpe"] = rep["deflated_sharpe"]["dsr"]
+    for k, v in metrics.items():
+        if math.isfinite(v):
+            client.log_metric(rid, k, v)
+    for name in ("report.md", "report.html", "report.json"):
+        client.log_artifact(rid, str(cfg.out / name))
+    for r in rep["rows"]:
+        client.log_artifact(rid, str(cfg.out / r["plot"]), "plots")
+    client.set_terminated(rid)

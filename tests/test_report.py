@@ -1,0 +1,93 @@
+"""The report step: deflated Sharpe ratio against the paper's worked example, and the files."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from foxhunt.report.core import (
+    ReportConfig,
+    ReportError,
+    deflated_sharpe,
+    expected_max_sharpe,
+    moments,
+    probabilistic_sharpe,
+    run_report,
+)
+
+
+def test_deflated_sharpe_matches_bailey_lopez_de_prado_example():
+    """Bailey and Lopez de Prado (2014), section 'A numerical example': 100 trials, annualised
+    Sharpe variance 0.5 and best Sharpe 2.5 over 5 years of daily returns (T = 1250, 250 a
+    year), skewness -3, kurtosis 10: SR0 = 0.1132 per day and DSR = 0.9004."""
+    sr0 = expected_max_sharpe(0.5 / 250, 100)
+    assert sr0 == pytest.approx(0.1132, abs=5e-4)
+    dsr = probabilistic_sharpe(2.5 / math.sqrt(250), sr0, 1250, -3.0, 10.0)
+    assert dsr == pytest.approx(0.9004, abs=1e-3)
+
+
+def test_one_trial_is_the_probabilistic_sharpe_against_zero():
+    rng = np.random.default_rng(0)
+    r = rng.normal(2e-4, 1e-3, 5000)
+    d = deflated_sharpe([r])
+    sr, skew, kurt = moments(r)
+    assert d["sr0_per_bar"] == 0.0
+    assert d["dsr"] == pytest.approx(probabilistic_sharpe(sr, 0.0, 5000, skew, kurt))
+    # Normal returns: skew ~0, kurtosis ~3.
+    assert abs(skew) < 0.1 and kurt == pytest.approx(3.0, abs=0.2)
+
+
+def test_more_trials_deflate_more():
+    """For one observed Sharpe ratio, the bar set by luck rises with the number of trials (and
+    with their dispersion), so the DSR falls."""
+    sr0s = [expected_max_sharpe(1e-4, n) for n in (2, 10, 100, 1000)]
+    assert sr0s == sorted(sr0s) and sr0s[0] > 0
+    assert expected_max_sharpe(4e-4, 10) == pytest.approx(2 * expected_max_sharpe(1e-4, 10))
+    dsrs = [probabilistic_sharpe(0.05, s, 2000, 0.0, 3.0) for s in sr0s]
+    assert dsrs == sorted(dsrs, reverse=True)
+
+
+def write_results(root, seed, sharpe_sign=1.0):
+    rng = np.random.default_rng(seed)
+    run = root / f"ES-key-dqn-seed{seed}"
+    folds = []
+    for k in range(2):
+        (run / f"fold-{k}").mkdir(parents=True)
+        n = 500
+        ts = np.arange(n, dtype=np.int64) * 60_000_000_000 + 1_704_290_400_000_000_000
+        strat = rng.normal(sharpe_sign * 1e-4, 1e-3, n)
+        np.savez(run / f"fold-{k}" / "test_returns.npz", timestamps=ts, strategy=strat,
+                 trades=np.zeros(n), buy_and_hold=rng.normal(0, 1e-3, n))  # fmt: skip
+        m = {"sharpe": 1.0 + k, "sortino": 2.0, "profit_factor": 1.1, "max_drawdown": 0.01,
+             "turnover": 0.2, "hit_rate": 0.5, "total_return": 0.02, "bars": n}  # fmt: skip
+        folds.append({"fold": k, "val": m, "test": m, "test_returns": f"fold-{k}/test_returns.npz"})
+    doc = {"symbol": "ES", "model": "dqn", "seed": seed, "folds": folds}
+    (run / "results.json").write_text(json.dumps(doc))
+    return run / "results.json"
+
+
+def test_report_files_and_rows(tmp_path):
+    runs = tmp_path / "runs"
+    write_results(runs, 0)
+    write_results(runs, 1)
+    rep = run_report(ReportConfig(runs=runs, out=tmp_path / "report"))
+    assert len(rep["rows"]) == 4 and rep["deflated_sharpe"]["trials"] == 4
+    assert rep["aggregate"]["mean_test_sharpe"] == pytest.approx(1.5)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "Deflated Sharpe ratio" in md and md.count("| ES | dqn |") == 4
+    html = (tmp_path / "report" / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 4
+    for r in rep["rows"]:
+        assert (tmp_path / "report" / r["plot"]).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_report_errors_name_the_file(tmp_path):
+    with pytest.raises(ReportError, match="none under"):
+        run_report(ReportConfig(runs=tmp_path, out=tmp_path / "r"))
+    p = write_results(tmp_path, 3)
+    (p.parent / "fold-1" / "test_returns.npz").unlink()
+    with pytest.raises(ReportError, match="fold 1's test returns"):
+        run_report(ReportConfig(results=(p,), out=tmp_path / "r"))
