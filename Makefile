@@ -31,32 +31,38 @@ precompute: setup ## Bars, features and order flow of data/ingested into the fxc
 folds: setup ## Walk-forward folds of each demo cache into data/folds
 	@for s in ES NQ; do $(BIN)/foxhunt folds --cache $(DATA)/fxcache --symbol $$s --out $(DATA)/folds/$$s.json || exit 1; done
 
-# Demo training settings: CPU-sized, costs off so that the planted signal pays (docs/performance.md).
-TRAIN_DEMO := --epochs 8 --eval-segments 16 --episode-bars 512 --fee-bps 0 --half-spread-bps 0 \
-	--hidden 128 128 --head-hidden 64 --gamma 0.5 --n-step 1 --v-min -6 --v-max 6 \
-	--envs 64 --collect-steps 64 --learn-steps 128 --batch-size 256 --lr 1e-3
-
-train: setup ## Train Rainbow DQN over the ES demo folds (CPU-sized demo settings; MLflow in ./mlflow.db)
-	$(BIN)/foxhunt train --folds $(DATA)/folds/ES.json --cache $(DATA)/fxcache --out $(DATA)/runs $(TRAIN_DEMO)
-
-run: synth ingest precompute folds train ## The pipeline end to end on demo data (grows with each stage)
+run: synth ## Demo data, then train-baseline through KFP's local runner (MLflow in ./mlflow.db)
+	$(BIN)/python -m pipelines run-local train-baseline --demo
 	@echo
 	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"
 	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
 	@echo "fxcache:             $(DATA)/fxcache         (foxhunt fxcache ls; docs/features.md)"
-	@echo "walk-forward folds:  $(DATA)/folds/{ES,NQ}.json"
-	@echo "training runs:       $(DATA)/runs            (checkpoints, results.json; MLflow: mlflow.db)"
+	@echo "walk-forward folds:  $(DATA)/folds"
+	@echo "training runs:       $(DATA)/runs            (checkpoints, results.json)"
+	@echo "report:              $(DATA)/report          (report.md, report.html, equity curves)"
+	@echo "MLflow:              make ui                 (http://127.0.0.1:5000)"
+
+compile: setup ## Compile every pipeline to build/<name>.yaml (cluster) and build/<name>.local.yaml
+	$(BIN)/python -m pipelines compile
+
+PIPELINE ?= train-baseline
+PARAMS ?=
+submit: setup ## Compile and submit PIPELINE (default train-baseline) to KFP_HOST; PARAMS="k=v ..."
+	$(BIN)/python -m pipelines submit $(PIPELINE) $(PARAMS)
+
+ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
+	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
 test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
 
 lint: setup ## Check format and lint with ruff
-	$(BIN)/ruff format --check src tests bench
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench components pipelines
+	$(BIN)/ruff check src tests bench components pipelines
 
 format: setup ## Format the code with ruff
-	$(BIN)/ruff format src tests bench
-	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench components pipelines
+	$(BIN)/ruff check --fix src tests bench components pipelines
 
 bench: setup ## Run the CPU benchmarks (synth, ingest and precompute throughput, fxcache open)
 	$(BIN)/python bench/bench_ingest.py
@@ -72,4 +78,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds train run test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit ui test lint format bench bench-gpu features-doc clean

@@ -7,7 +7,7 @@ checkpointed (safetensors + config + normalisation statistics) and evaluated onc
 range. A resume file written after every epoch lets a killed task continue where it stopped and
 end with the same metrics as an uninterrupted run.
 
-    <out>/<symbol>-<key>-<model>-seed<seed>/
+    <out>/<symbol>-<model>-seed<seed>-<config digest>/
         resume.pt                 everything training changes, after the last finished epoch
         fold-<k>/best.safetensors best epoch's weights and normalisation statistics
         fold-<k>/best.json        its config, epoch and val metrics
@@ -78,16 +78,22 @@ class TrainConfig:
     """Log to MLflow (MLFLOW_TRACKING_URI, else sqlite in the working directory) or not at all."""
     experiment: str = "foxhunt"
     """MLflow experiment name."""
+    tags: dict[str, str] = field(default_factory=dict)
+    """Extra MLflow tags of the task's run (the pipeline passes its KFP run id)."""
     env: EnvConfig = field(default_factory=EnvConfig)
     """Trading environment: episodes, costs, fills."""
     dqn: DQNConfig = field(default_factory=DQNConfig)
     """Rainbow DQN hyperparameters."""
 
-    def digest(self) -> str:
-        """What the results depend on (not where they go, nor how they are logged)."""
+    def digest(self, folds_doc: dict) -> str:
+        """What the results depend on: the settings and the folds (their content, which names
+        the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
-        for k in ("out", "resume", "tracking", "experiment"):
+        for k in ("folds", "cache", "out", "resume", "tracking", "experiment", "tags"):
             d.pop(k)
+        d["folds_content"] = {
+            k: folds_doc[k] for k in ("fxcache_key", "folds", "spec") if k in folds_doc
+        }
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -220,10 +226,12 @@ def run_train(
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
     device = pick_device(cfg.device)
-    run_dir = cfg.out / f"{symbol}-{cache.key}-{cfg.model}-seed{cfg.seed}"
+    digest = cfg.digest(doc)
+    # One directory per configuration: runs with other settings never overwrite it, and a
+    # rerun (or a retried pod) of the same one continues from its resume file.
+    run_dir = cfg.out / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
     run_dir.mkdir(parents=True, exist_ok=True)
     resume_path = run_dir / "resume.pt"
-    digest = cfg.digest()
     logger = logger or (MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger())
 
     data = MarketData.from_fxcache(cache, device)
@@ -260,9 +268,17 @@ def run_train(
         "seed": str(cfg.seed),
         "device": str(device),
         "foxhunt_version": __version__,
+        **(
+            {"git_commit": os.environ["FOXHUNT_GIT_COMMIT"]}
+            if "FOXHUNT_GIT_COMMIT" in os.environ
+            else {}
+        ),
+        **cfg.tags,
     }
     params = {
-        "train": {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "dqn")},
+        "train": {
+            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "dqn", "tags")
+        },
         "env": dataclasses.asdict(cfg.env),
         "dqn": dataclasses.asdict(agent.cfg),
         "bars": data.n,
@@ -416,6 +432,8 @@ def run_train(
         "symbol": symbol,
         "device": str(device),
         "mlflow_run_id": run_ids["parent"],
+        "run_dir": str(run_dir.resolve()),
+        "config_digest": digest,
         "seed": cfg.seed,
         "model": cfg.model,
         "periods_per_year": ppy,

@@ -1,0 +1,13 @@
+"""Thin KFP v2 lightweight components: each maps its parameters and artifacts to one call of a
+`foxhunt` step function. Their images carry kfp and foxhunt (`install_kfp_package=False`), so a
+pod starts without pip. Data lives on volumes: `raw_dir` (the raw-data PVC) and `work_dir` (the
+fxcache PVC: ingested/, fxcache/, folds/, runs/, report/); artifacts carry the small files."""
+
+from components.folds import folds
+from components.images import CPU_IMAGE, GPU_IMAGE
+from components.ingest import ingest
+from components.precompute import precompute
+from components.report import report
+from components.train import train
+
+__all__ = ["CPU_IMAGE", "GPU_IMAGE", "folds", "ingest", "precompute", "report", "train"]

@@ -1,0 +1,39 @@
+from typing import List  # noqa: UP035 (KFP reads the annotation)
+
+from kfp import dsl
+
+from components.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def report(
+    work_dir: str,
+    results: dsl.Input[List[dsl.Artifact]],  # noqa: UP006
+    markdown: dsl.Output[dsl.Markdown],
+    html: dsl.Output[dsl.HTML],
+    metrics: dsl.Output[dsl.Metrics],
+    kfp_run_id: str = "",
+):
+    """Test metrics of every train task (fold x seed), the deflated Sharpe ratio and equity
+    curves: Markdown and HTML for the Kubeflow UI, and an MLflow run."""
+    import json
+    import math
+    import shutil
+    from pathlib import Path
+
+    from foxhunt.report import ReportConfig, run_report
+
+    # The artifacts are copies of results.json: read each from its run directory on the volume,
+    # where the test returns it names live.
+    paths = [
+        Path(json.loads(Path(a.path).read_text())["run_dir"]) / "results.json" for a in results
+    ]
+    out = Path(work_dir) / "report" / (kfp_run_id or "latest")
+    tags = {"kfp_run_id": kfp_run_id} if kfp_run_id else {}
+    rep = run_report(ReportConfig(results=tuple(paths), out=out, tracking="mlflow", tags=tags))
+    shutil.copy(out / "report.md", markdown.path)
+    shutil.copy(out / "report.html", html.path)
+    for k, v in rep["aggregate"].items():
+        if math.isfinite(v):
+            metrics.log_metric(k, v)
+    metrics.log_metric("deflated_sharpe", rep["deflated_sharpe"]["dsr"])

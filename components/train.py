@@ -1,0 +1,68 @@
+from kfp import dsl
+
+from components.images import GPU_IMAGE
+
+
+@dsl.component(base_image=GPU_IMAGE, install_kfp_package=False)
+def train(
+    work_dir: str,
+    folds: dsl.Input[dsl.Artifact],
+    results: dsl.Output[dsl.Artifact],
+    metrics: dsl.Output[dsl.Metrics],
+    model: str = "dqn",
+    seed: int = 0,
+    epochs: int = 10,
+    kfp_run_id: str = "",
+    lr: float = 1e-4,
+    gamma: float = 0.99,
+    n_step: int = 3,
+    batch_size: int = 0,
+    envs: int = 0,
+    fee_bps: float = 0.1,
+    half_spread_bps: float = 0.25,
+    overrides: str = "{}",
+):
+    """One training task: every fold of the folds artifact, one upload, one model and seed.
+    batch_size/envs 0: sized for the device. overrides: JSON of further DQNConfig/EnvConfig
+    fields, e.g. {"dqn": {"hidden": [128, 128]}, "env": {"episode_bars": 512}}."""
+    import dataclasses
+    import json
+    import shutil
+    from pathlib import Path
+
+    from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+
+    extra = json.loads(overrides or "{}")
+    fields = {f.name for f in dataclasses.fields(TrainConfig)} - {
+        "folds",
+        "cache",
+        "out",
+        "dqn",
+        "env",
+    }
+    dqn = {"lr": lr, "gamma": gamma, "n_step": n_step, **extra.get("dqn", {})}
+    if batch_size:
+        dqn["batch_size"] = batch_size
+    if envs:
+        dqn["envs"] = envs
+    if "hidden" in dqn:
+        dqn["hidden"] = tuple(dqn["hidden"])
+    env = {"fee_bps": fee_bps, "half_spread_bps": half_spread_bps, **extra.get("env", {})}
+    cfg = TrainConfig(
+        folds=Path(folds.path),
+        cache=Path(work_dir) / "fxcache",
+        model=model,
+        epochs=epochs,
+        seed=seed,
+        out=Path(work_dir) / "runs",
+        tracking="mlflow",
+        tags={"kfp_run_id": kfp_run_id} if kfp_run_id else {},
+        dqn=DQNConfig(**dqn),
+        env=EnvConfig(**env),
+        **{k: v for k, v in extra.get("train", {}).items() if k in fields},
+    )
+    res = run_train(cfg)
+    print(res.summary())
+    shutil.copy(res.run_dir / "results.json", results.path)
+    for k, v in res.aggregate.items():
+        metrics.log_metric(k, v)

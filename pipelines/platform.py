@@ -1,0 +1,84 @@
+"""The cluster side of a task: volumes, resources, GPU scheduling and secrets (kfp-kubernetes).
+
+Names of Secrets and their keys (values never appear in code, YAML or logs):
+    foxhunt-databento   api-key -> DATABENTO_API_KEY                        (ingest)
+    foxhunt-mlflow      tracking-uri -> MLFLOW_TRACKING_URI, username, password,
+                        s3-endpoint, s3-access-key, s3-secret-key           (train, report)
+infra/ holds templates of both without values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kfp import kubernetes
+from kfp.dsl import PipelineTask
+
+RAW_MOUNT = "/data/raw"
+WORK_MOUNT = "/data/work"
+
+DATABENTO_SECRET = ("foxhunt-databento", {"api-key": "DATABENTO_API_KEY"})
+MLFLOW_SECRET = (
+    "foxhunt-mlflow",
+    {
+        "tracking-uri": "MLFLOW_TRACKING_URI",
+        "username": "MLFLOW_TRACKING_USERNAME",
+        "password": "MLFLOW_TRACKING_PASSWORD",
+        "s3-endpoint": "MLFLOW_S3_ENDPOINT_URL",
+        "s3-access-key": "AWS_ACCESS_KEY_ID",
+        "s3-secret-key": "AWS_SECRET_ACCESS_KEY",
+    },
+)
+
+
+@dataclass(frozen=True)
+class Resources:
+    cpu: str
+    memory: str
+    gpu: int = 0
+
+
+RESOURCES = {
+    "ingest": Resources("4", "16G"),
+    "precompute": Resources("8", "32G"),
+    "folds": Resources("1", "4G"),
+    "train": Resources("8", "64G", gpu=1),
+    "report": Resources("1", "4G"),
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Cluster settings fixed at compile time (PVC names are run parameters)."""
+
+    gpu_type: str = "nvidia.com/gpu"
+    """Accelerator resource of the train task."""
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    """Node label nvidia.com/gpu.product the train task is scheduled on ('' for any)."""
+
+
+def configure(
+    task: PipelineTask,
+    step: str,
+    cluster: Cluster,
+    raw_pvc=None,
+    work_pvc=None,
+    secrets: tuple = (),
+) -> PipelineTask:
+    r = RESOURCES[step]
+    task.set_cpu_request(r.cpu).set_cpu_limit(r.cpu)
+    task.set_memory_request(r.memory).set_memory_limit(r.memory)
+    if r.gpu:
+        task.set_accelerator_type(cluster.gpu_type).set_accelerator_limit(r.gpu)
+        kubernetes.add_toleration(
+            task, key=cluster.gpu_type, operator="Exists", effect="NoSchedule"
+        )
+        if cluster.gpu_product:
+            kubernetes.add_node_selector(task, "nvidia.com/gpu.product", cluster.gpu_product)
+    if raw_pvc is not None:
+        kubernetes.mount_pvc(task, pvc_name=raw_pvc, mount_path=RAW_MOUNT)
+    if work_pvc is not None:
+        kubernetes.mount_pvc(task, pvc_name=work_pvc, mount_path=WORK_MOUNT)
+    for name, keys in secrets:
+        kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=keys, optional=True)
+    return task

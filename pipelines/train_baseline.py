@@ -1,0 +1,93 @@
+"""train-baseline: ingest -> precompute -> folds -> train (one task per seed) -> report."""
+
+from typing import Literal
+
+from components import folds, ingest, precompute, report, train
+from kfp import dsl
+
+from pipelines.platform import (
+    DATABENTO_SECRET,
+    MLFLOW_SECRET,
+    RAW_MOUNT,
+    WORK_MOUNT,
+    Cluster,
+    configure,
+)
+
+
+def build_train_baseline(
+    platform: Literal["cluster", "local"] = "cluster", cluster: Cluster | None = None
+):
+    local = platform == "local"
+    cluster = cluster or Cluster()
+    raw_default = "data/raw" if local else RAW_MOUNT
+    work_default = "data" if local else WORK_MOUNT
+
+    @dsl.pipeline(
+        name="train-baseline",
+        description="Databento DBN -> fxcache -> walk-forward folds -> DQN per seed -> report",
+    )
+    def train_baseline(
+        symbol: str = "ES",
+        bar_size: str = "1m",
+        start: str = "",
+        end: str = "",
+        download_symbols: str = "",
+        train_months: int = 3,
+        val_months: int = 1,
+        test_months: int = 1,
+        step_months: int = 1,
+        window: str = "sliding",
+        purge: int = -1,
+        embargo: int = -1,
+        model: str = "dqn",
+        epochs: int = 10,
+        seeds: list = [0, 1],  # noqa: B006 (a KFP default, not a Python one)
+        lr: float = 1e-4,
+        gamma: float = 0.99,
+        n_step: int = 3,
+        batch_size: int = 0,
+        envs: int = 0,
+        fee_bps: float = 0.1,
+        half_spread_bps: float = 0.25,
+        overrides: str = "{}",
+        raw_dir: str = raw_default,
+        work_dir: str = work_default,
+        raw_pvc: str = "foxhunt-raw",
+        fxcache_pvc: str = "foxhunt-fxcache",
+    ):
+        ing = ingest(
+            raw_dir=raw_dir, work_dir=work_dir, download_symbols=download_symbols,
+            start=start, end=end,
+        )  # fmt: skip
+        ing.set_display_name("Ingest DBN files").set_caching_options(True)
+        ing.set_retry(num_retries=2, backoff_duration="60s")
+        pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbol,
+                         bar_size=bar_size)  # fmt: skip
+        pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
+        fo = folds(
+            work_dir=work_dir, keys=pre.output, symbol=symbol, train_months=train_months,
+            val_months=val_months, test_months=test_months, step_months=step_months,
+            window=window, purge=purge, embargo=embargo,
+        )  # fmt: skip
+        fo.set_display_name("Walk-forward folds").set_caching_options(True)
+        with dsl.ParallelFor(seeds, name="seeds") as seed:
+            tr = train(
+                work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
+                epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
+                n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
+                half_spread_bps=half_spread_bps, overrides=overrides,
+            )  # fmt: skip
+            tr.set_display_name("Train over all folds").set_caching_options(False)
+            tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
+        rep = report(work_dir=work_dir, results=dsl.Collected(tr.outputs["results"]),
+                     kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)  # fmt: skip
+        rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
+        if not local:
+            configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
+            configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
+            configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
+            configure(tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
+            configure(rep, "report", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
+
+    return train_baseline
