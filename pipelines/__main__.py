@@ -52,24 +52,39 @@ class SubmitError(RuntimeError):
     pass
 
 
-def parse_params(items: list[str]) -> dict:
-    """k=v pairs; values are JSON where they parse (20, 1e-3, [0,1], true), else strings."""
+def parse_params(items: list[str], pipeline: str = "train-baseline") -> dict:
+    """name=value pairs, typed by the pipeline's parameters: String stays as written (JSON in
+    `overrides` too), Integer/Float/Boolean/List parse as JSON. Unknown names are an error."""
+    from pipelines import PIPELINES
+
+    if pipeline not in PIPELINES:
+        raise SubmitError(f"no pipeline {pipeline!r}; choose from {', '.join(PIPELINES)}")
+    types = {k: v.type for k, v in PIPELINES[pipeline]("local").component_spec.inputs.items()}
     out = {}
     for item in items:
         if "=" not in item:
             raise SubmitError(f"parameter {item!r}: expected name=value")
         k, v = item.split("=", 1)
+        if k not in types:
+            raise SubmitError(f"{pipeline} has no parameter {k!r}; it has {', '.join(types)}")
+        if types[k] == "String":
+            out[k] = v
+            continue
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
-            out[k] = v
+            raise SubmitError(f"parameter {k}={v!r}: not a valid {types[k]}") from None
     return out
 
 
 def git_commit() -> str | None:
     try:
         return subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).resolve().parent,  # the checkout, wherever the run starts
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
@@ -169,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
             for p in compile_all():
                 print(f"wrote {p}")
         elif args.cmd == "run-local":
-            run_local(args.pipeline, (DEMO if args.demo else {}) | parse_params(args.params))
+            params = parse_params(args.params, args.pipeline)
+            run_local(args.pipeline, (DEMO if args.demo else {}) | params)
         else:
             run_id = submit(
                 args.pipeline, parse_params(args.params), args.experiment, args.run_name

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 from components.images import CPU_IMAGE, GPU_IMAGE
-from pipelines.__main__ import compile_all, main, parse_params
+from pipelines.__main__ import SubmitError, compile_all, main, parse_params
 
 
 @pytest.fixture(scope="module")
@@ -116,10 +116,16 @@ def test_local_variant_leaves_out_the_cluster(compiled):
     assert set(tasks(pf)) == {"ingest", "precompute"}
 
 
-def test_parse_params():
-    assert parse_params(["epochs=20", "seeds=[0,1]", "symbol=NQ", "lr=1e-3"]) == {
-        "epochs": 20, "seeds": [0, 1], "symbol": "NQ", "lr": 1e-3,
-    }  # fmt: skip
+def test_parse_params_by_the_pipeline_types():
+    got = parse_params(
+        ["epochs=20", "seeds=[0,1]", "symbol=NQ", "lr=1e-3", 'overrides={"dqn": {"atoms": 21}}']
+    )
+    assert got == {"epochs": 20, "seeds": [0, 1], "symbol": "NQ", "lr": 1e-3,
+                   "overrides": '{"dqn": {"atoms": 21}}'}  # fmt: skip
+    with pytest.raises(SubmitError, match="has no parameter 'epoch'"):
+        parse_params(["epoch=3"])
+    with pytest.raises(SubmitError, match="not a valid Integer"):
+        parse_params(["epochs=three"])
 
 
 class Recorder(BaseHTTPRequestHandler):

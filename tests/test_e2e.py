@@ -1,0 +1,131 @@
+"""End to end: train-baseline through KFP's local runner on a tiny config, tracked to a real
+`mlflow server` on 127.0.0.1 (sqlite backend, local artifact store); the runs are read back;
+a second pipeline run hits the fxcache."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {
+    "epochs": 2,
+    "seeds": [0, 1],
+    "batch_size": 16,
+    "envs": 8,
+    "overrides": json.dumps(
+        {
+            "dqn": {
+                "hidden": [16],
+                "head_hidden": 8,
+                "collect_steps": 4,
+                "learn_steps": 2,
+                "replay_capacity": 256,
+            },
+            "train": {"eval_segments": 4},
+        }
+    ),  # fmt: skip
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    mlflow_bin = Path(sys.executable).with_name("mlflow")
+    cmd = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"]
+    cmd += ["--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
+    log = open(root / "server.log", "w")  # noqa: SIM115 (open while the server runs)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/health", timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail("mlflow server did not start:\n" + (root / "server.log").read_text())
+            time.sleep(0.5)
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)  # the server and its workers, by the server's PID
+    proc.wait(timeout=30)
+    log.close()
+
+
+def run_pipeline(raw: Path, work: Path, tracking: str, cwd: Path) -> str:
+    params = [f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in TINY.items()]
+    params += [f"raw_dir={raw}", f"work_dir={work}"]
+    env = os.environ | {"MLFLOW_TRACKING_URI": tracking, "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "pipelines", "run-local", "train-baseline", *params],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out.stdout + out.stderr
+
+
+def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_server, tmp_path):
+    import mlflow
+
+    raw = demo_es[0].parent / "raw"
+    work = tmp_path / "work"
+    log1 = run_pipeline(raw, work, mlflow_server, tmp_path)
+    assert "fxcache miss" in log1
+    assert "Pipeline 'train-baseline' finished with status SUCCESS" in log1.replace(
+        "\x1b[95m", ""
+    ).replace("\x1b[0m", "").replace("\x1b[92m", "")
+    report = next((work / "report").glob("*/report.md")).read_text()
+    assert report.count("| ES | dqn |") == 4  # 2 folds x 2 seeds
+    assert "Deflated Sharpe ratio" in report
+
+    client = mlflow.MlflowClient(mlflow_server)
+    exp = client.get_experiment_by_name("foxhunt")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [
+        r
+        for r in runs
+        if r.data.tags.get("model") == "dqn" and "mlflow.parentRunId" not in r.data.tags
+    ]
+    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
+    reports = [r for r in runs if r.data.tags.get("foxhunt.step") == "report"]
+    assert len(parents) == 2 and len(children) == 4 and len(reports) == 1
+    kfp_ids = {r.data.tags.get("kfp_run_id") for r in parents + reports}
+    assert len(kfp_ids) == 1 and None not in kfp_ids  # one pipeline run ties them together
+    for p in parents:
+        assert p.data.tags["fxcache_key"] and p.data.tags["git_commit"]
+        assert "eval/mean_test_sharpe" in p.data.metrics
+    for c in children:
+        hist = client.get_metric_history(c.info.run_id, "losses/loss")
+        assert sorted(m.step for m in hist) == [0, 1]
+        arts = [a.path for a in client.list_artifacts(c.info.run_id, "checkpoint")]
+        assert "checkpoint/best.safetensors" in arts
+        local = client.download_artifacts(
+            c.info.run_id, "checkpoint/best.safetensors", str(tmp_path)
+        )
+        assert Path(local).stat().st_size > 1000
+    rep = reports[0]
+    assert "eval/deflated_sharpe" in rep.data.metrics
+    plots = [a.path for a in client.list_artifacts(rep.info.run_id, "plots")]
+    assert len(plots) == 4 and all(p.endswith(".png") for p in plots)
+
+    # A second run: the ingested data and the cache are found, nothing is recomputed.
+    log2 = run_pipeline(raw, work, mlflow_server, tmp_path)
+    assert "fxcache hit" in log2 and "fxcache miss" not in log2
