@@ -33,7 +33,7 @@ TINY = {
             },
             "train": {"eval_segments": 4},
         }
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -51,7 +51,7 @@ def mlflow_server(tmp_path_factory):
     cmd = [str(mlflow_bin), "server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}"]
     cmd += ["--artifacts-destination", str(root / "artifacts"), "--workers", "1"]
-    log = open(root / "server.log", "w")  # noqa: SIM115 (open while the server runs)
+    log = open(root / "server.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
