@@ -43,12 +43,23 @@ run: synth ## Demo data, then train-baseline through KFP's local runner (MLflow 
 	@echo "MLflow:              make ui                 (http://127.0.0.1:5000)"
 
 compile: setup ## Compile every pipeline to build/<name>.yaml (cluster) and build/<name>.local.yaml
-	$(BIN)/python -m pipelines compile
+	REGISTRY=$(REGISTRY) IMAGE_TAG=$(IMAGE_TAG) $(BIN)/python -m pipelines compile
 
 PIPELINE ?= train-baseline
 PARAMS ?=
 submit: setup ## Compile and submit PIPELINE (default train-baseline) to KFP_HOST; PARAMS="k=v ..."
-	$(BIN)/python -m pipelines submit $(PIPELINE) $(PARAMS)
+	REGISTRY=$(REGISTRY) IMAGE_TAG=$(IMAGE_TAG) $(BIN)/python -m pipelines submit $(PIPELINE) $(PARAMS)
+
+REGISTRY ?= ghcr.io/foxhunt
+IMAGE_TAG ?= $(shell git rev-parse --short HEAD)
+images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, default: the commit)
+	docker build -f images/Dockerfile.cpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG) .
+	docker build -f images/Dockerfile.gpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG) .
+	docker push $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG)
+	docker push $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG)
+
+lock: setup ## Regenerate images/requirements.lock from the venv's installed versions
+	$(BIN)/python images/lock.py
 
 ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
@@ -78,4 +89,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run compile submit ui test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit images lock ui test lint format bench bench-gpu features-doc clean

@@ -2,9 +2,9 @@
 
 from typing import Literal
 
-from components import ingest, precompute
 from kfp import dsl
 
+from components import ingest, precompute
 from pipelines.platform import DATABENTO_SECRET, RAW_MOUNT, WORK_MOUNT, Cluster, configure
 
 

@@ -2,9 +2,9 @@
 
 from typing import Literal
 
-from components import folds, ingest, precompute, report, train
 from kfp import dsl
 
+from components import folds, ingest, precompute, report, train
 from pipelines.platform import (
     DATABENTO_SECRET,
     MLFLOW_SECRET,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+
 from components.images import CPU_IMAGE, GPU_IMAGE
 from pipelines.__main__ import SubmitError, compile_all, main, parse_params
 
