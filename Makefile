@@ -55,8 +55,14 @@ IMAGE_TAG ?= $(shell git rev-parse --short HEAD)
 images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, default: the commit)
 	docker build -f images/Dockerfile.cpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.gpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG) .
+	docker build -f images/Dockerfile.mlflow -t $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG) .
 	docker push $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG)
+	docker push $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)
+
+deploy-infra: ## Apply infra/base (namespace, volumes, MLflow server) to the current kubectl context
+	kubectl apply -k infra/base
+	@echo "now create the Secrets from infra/secrets/*.yaml (see infra/README.md)"
 
 lock: setup ## Regenerate images/requirements.lock from the venv's installed versions
 	$(BIN)/python images/lock.py
@@ -68,12 +74,12 @@ test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
 
 lint: setup ## Check format and lint with ruff
-	$(BIN)/ruff format --check src tests bench components pipelines
-	$(BIN)/ruff check src tests bench components pipelines
+	$(BIN)/ruff format --check src tests bench components pipelines images
+	$(BIN)/ruff check src tests bench components pipelines images
 
 format: setup ## Format the code with ruff
-	$(BIN)/ruff format src tests bench components pipelines
-	$(BIN)/ruff check --fix src tests bench components pipelines
+	$(BIN)/ruff format src tests bench components pipelines images
+	$(BIN)/ruff check --fix src tests bench components pipelines images
 
 bench: setup ## Run the CPU benchmarks (synth, ingest and precompute throughput, fxcache open)
 	$(BIN)/python bench/bench_ingest.py
@@ -89,4 +95,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run compile submit images lock ui test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit images deploy-infra lock ui test lint format bench bench-gpu features-doc clean

@@ -15,7 +15,7 @@ import components
 from components.images import CPU_IMAGE, GPU_IMAGE
 
 REPO = Path(__file__).resolve().parents[1]
-DOCKERFILES = {k: REPO / "images" / f"Dockerfile.{k}" for k in ("cpu", "gpu")}
+DOCKERFILES = {k: REPO / "images" / f"Dockerfile.{k}" for k in ("cpu", "gpu", "mlflow")}
 
 
 def hadolint() -> str:
@@ -25,7 +25,7 @@ def hadolint() -> str:
     return exe
 
 
-@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+@pytest.mark.parametrize("kind", ["cpu", "gpu", "mlflow"])
 def test_dockerfile_passes_hadolint(kind):
     out = subprocess.run([hadolint(), str(DOCKERFILES[kind])], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr

@@ -1,0 +1,96 @@
+"""infra/: the kustomize base and the Secret templates, validated offline against Kubernetes
+1.31's schemas (kubernetes-validate), plus the rules the cluster relies on."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from pipelines.platform import DATABENTO_SECRET, MLFLOW_SECRET
+
+REPO = Path(__file__).resolve().parents[1]
+BASE = REPO / "infra" / "base"
+K8S_VERSION = "1.31.0"
+
+
+def base_docs() -> list[dict]:
+    kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+    docs = []
+    for res in kust["resources"]:
+        docs += [d for d in yaml.safe_load_all((BASE / res).read_text()) if d]
+    return docs
+
+
+def secret_templates() -> list[dict]:
+    return [
+        yaml.safe_load(p.read_text()) for p in sorted((REPO / "infra" / "secrets").glob("*.yaml"))
+    ]
+
+
+def by_kind(docs, kind):
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_every_manifest_validates_against_the_kubernetes_schemas():
+    docs = base_docs() + secret_templates()
+    assert len(docs) >= 10
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+
+
+@pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl (kustomize) not installed")
+def test_kustomize_renders_the_base_and_the_result_validates():
+    out = subprocess.run(["kubectl", "kustomize", str(BASE)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+    assert {d["kind"] for d in docs} >= {"Namespace", "PersistentVolumeClaim", "Deployment",
+                                         "Service", "NetworkPolicy"}  # fmt: skip
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        if d["kind"] != "Namespace":
+            assert d["metadata"]["namespace"] == "foxhunt"
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["template"]["spec"]["containers"][0]["image"].startswith("ghcr.io/")
+
+
+def test_volumes_and_secret_names_match_the_pipelines():
+    from pipelines.train_baseline import build_train_baseline
+
+    inputs = build_train_baseline("cluster").component_spec.inputs
+    pvcs = {d["metadata"]["name"] for d in by_kind(base_docs(), "PersistentVolumeClaim")}
+    assert pvcs == {inputs["raw_pvc"].default, inputs["fxcache_pvc"].default}
+    templates = {d["metadata"]["name"]: d for d in secret_templates()}
+    for name, keys in (DATABENTO_SECRET, MLFLOW_SECRET):
+        assert set(keys) <= set(templates[name]["stringData"]), name
+
+
+def test_secret_templates_hold_no_values():
+    for d in secret_templates():
+        assert "data" not in d
+        assert all(v == "" for v in d["stringData"].values()), d["metadata"]["name"]
+    assert not by_kind(base_docs(), "Secret"), "applying the base must not overwrite Secrets"
+
+
+def test_mlflow_runs_non_root_behind_allowed_hosts_and_a_network_policy():
+    docs = base_docs()
+    (dep,) = by_kind(docs, "Deployment")
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    (c,) = pod["containers"]
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert any(a.startswith("--allowed-hosts=") for a in c["args"])
+    assert any("backend-store-uri" in a for a in c["args"])
+    assert "secretKeyRef" in str(c["env"])  # store settings come from a Secret
+    (svc,) = by_kind(docs, "Service")
+    (np_,) = by_kind(docs, "NetworkPolicy")
+    labels = pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert np_["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert np_["spec"]["ingress"][0]["ports"][0]["port"] == 5000
