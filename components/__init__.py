@@ -8,6 +8,16 @@ from components.images import CPU_IMAGE, GPU_IMAGE
 from components.ingest import ingest
 from components.precompute import precompute
 from components.report import report
+from components.tracking import start_tracking
 from components.train import train
 
-__all__ = ["CPU_IMAGE", "GPU_IMAGE", "folds", "ingest", "precompute", "report", "train"]
+__all__ = [
+    "CPU_IMAGE",
+    "GPU_IMAGE",
+    "folds",
+    "ingest",
+    "precompute",
+    "report",
+    "start_tracking",
+    "train",
+]

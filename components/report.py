@@ -13,9 +13,10 @@ def report(
     html: dsl.Output[dsl.HTML],
     metrics: dsl.Output[dsl.Metrics],
     kfp_run_id: str = "",
+    parent_run_id: str = "",
 ):
     """Test metrics of every train task (fold x seed), the deflated Sharpe ratio and equity
-    curves: Markdown and HTML for the Kubeflow UI, and an MLflow run."""
+    curves: Markdown and HTML for the Kubeflow UI, logged on the pipeline's MLflow parent run."""
     import json
     import math
     import shutil
@@ -30,7 +31,10 @@ def report(
     ]
     out = Path(work_dir) / "report" / (kfp_run_id or "latest")
     tags = {"kfp_run_id": kfp_run_id} if kfp_run_id else {}
-    rep = run_report(ReportConfig(results=tuple(paths), out=out, tracking="mlflow", tags=tags))
+    cfg = ReportConfig(
+        results=tuple(paths), out=out, tracking="mlflow", tags=tags, run_id=parent_run_id or None
+    )
+    rep = run_report(cfg)
     shutil.copy(out / "report.md", markdown.path)
     shutil.copy(out / "report.html", html.path)
     for k, v in rep["aggregate"].items():

@@ -42,6 +42,7 @@ RESOURCES = {
     "ingest": Resources("4", "16G"),
     "precompute": Resources("8", "32G"),
     "folds": Resources("1", "4G"),
+    "tracking": Resources("500m", "1G"),
     "train": Resources("8", "64G", gpu=1),
     "report": Resources("1", "4G"),
 }

@@ -4,7 +4,7 @@ from typing import Literal
 
 from kfp import dsl
 
-from components import folds, ingest, precompute, report, train
+from components import folds, ingest, precompute, report, start_tracking, train
 from pipelines.platform import (
     DATABENTO_SECRET,
     MLFLOW_SECRET,
@@ -71,22 +71,32 @@ def build_train_baseline(
             window=window, purge=purge, embargo=embargo,
         )  # fmt: skip
         fo.set_display_name("Walk-forward folds").set_caching_options(True)
+        trk = start_tracking(
+            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=pre.output, symbol=symbol,
+            model=model, epochs=epochs, bar_size=bar_size,
+        )  # fmt: skip
+        trk.set_display_name("MLflow parent run").set_caching_options(False)
         with dsl.ParallelFor(seeds, name="seeds") as seed:
             tr = train(
                 work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
                 epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
                 n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
-                half_spread_bps=half_spread_bps, overrides=overrides,
+                half_spread_bps=half_spread_bps, overrides=overrides, parent_run_id=trk.output,
             )  # fmt: skip
             tr.set_display_name("Train over all folds").set_caching_options(False)
             tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
-        rep = report(work_dir=work_dir, results=dsl.Collected(tr.outputs["results"]),
-                     kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)  # fmt: skip
+        rep = report(
+            work_dir=work_dir,
+            results=dsl.Collected(tr.outputs["results"]),
+            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            parent_run_id=trk.output,
+        )
         rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
         if not local:
             configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
             configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
             configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
+            configure(trk, "tracking", cluster, secrets=(MLFLOW_SECRET,))
             configure(tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
             configure(rep, "report", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
 

@@ -99,32 +99,34 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     client = mlflow.MlflowClient(mlflow_server)
     exp = client.get_experiment_by_name("foxhunt")
     runs = client.search_runs([exp.experiment_id])
-    parents = [
-        r
-        for r in runs
-        if r.data.tags.get("model") == "dqn" and "mlflow.parentRunId" not in r.data.tags
+    by_id = {r.info.run_id: r for r in runs}
+    (parent,) = [r for r in runs if r.data.tags.get("foxhunt.level") == "pipeline"]
+    tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    folds = [
+        r for r in runs if r.data.tags.get("mlflow.parentRunId") in {t.info.run_id for t in tasks}
     ]
-    children = [r for r in runs if "mlflow.parentRunId" in r.data.tags]
-    reports = [r for r in runs if r.data.tags.get("foxhunt.step") == "report"]
-    assert len(parents) == 2 and len(children) == 4 and len(reports) == 1
-    kfp_ids = {r.data.tags.get("kfp_run_id") for r in parents + reports}
-    assert len(kfp_ids) == 1 and None not in kfp_ids  # one pipeline run ties them together
-    for p in parents:
-        assert p.data.tags["fxcache_key"] and p.data.tags["git_commit"]
-        assert "eval/mean_test_sharpe" in p.data.metrics
-    for c in children:
+    assert len(tasks) == 2 and len(folds) == 4 and len(by_id) == 7
+    # The parent: one per pipeline run, tagged, carrying the aggregate and the report.
+    tags = parent.data.tags
+    assert tags["kfp_run_id"] and tags["git_commit"] and tags["fxcache_key"]
+    assert tags["symbol"] == "ES" and tags["model"] == "dqn"
+    for k in ("eval/mean_test_sharpe", "eval/mean_test_max_drawdown", "eval/deflated_sharpe"):
+        assert k in parent.data.metrics, k
+    plots = [a.path for a in client.list_artifacts(parent.info.run_id, "plots")]
+    assert len(plots) == 4 and all(p.endswith(".png") for p in plots)
+    assert "report.html" in [a.path for a in client.list_artifacts(parent.info.run_id)]
+    assert parent.info.status == "FINISHED"
+    for t in tasks:
+        assert t.data.tags["kfp_run_id"] == tags["kfp_run_id"]
+        assert "eval/mean_test_sharpe" in t.data.metrics and "dqn.lr" in t.data.params
+    for c in folds:
         hist = client.get_metric_history(c.info.run_id, "losses/loss")
         assert sorted(m.step for m in hist) == [0, 1]
-        arts = [a.path for a in client.list_artifacts(c.info.run_id, "checkpoint")]
-        assert "checkpoint/best.safetensors" in arts
+        assert "eval/val_sharpe" in c.data.metrics and "time/learn_s" in c.data.metrics
         local = client.download_artifacts(
             c.info.run_id, "checkpoint/best.safetensors", str(tmp_path)
         )
         assert Path(local).stat().st_size > 1000
-    rep = reports[0]
-    assert "eval/deflated_sharpe" in rep.data.metrics
-    plots = [a.path for a in client.list_artifacts(rep.info.run_id, "plots")]
-    assert len(plots) == 4 and all(p.endswith(".png") for p in plots)
 
     # A second run: the ingested data and the cache are found, nothing is recomputed.
     log2 = run_pipeline(raw, work, mlflow_server, tmp_path)

@@ -47,11 +47,12 @@ def executor(doc: dict, name: str) -> dict:
 def test_train_baseline_dag(compiled):
     _, doc = compiled["train-baseline.yaml"]
     t = tasks(doc)
-    assert set(t) == {"ingest", "precompute", "folds", "for-loop-1", "report"}
+    assert set(t) == {"ingest", "precompute", "folds", "start-tracking", "for-loop-1", "report"}
     assert t["precompute"]["dependentTasks"] == ["ingest"]
     assert t["folds"]["dependentTasks"] == ["precompute"]
-    assert t["for-loop-1"]["dependentTasks"] == ["folds"]
-    assert t["report"]["dependentTasks"] == ["for-loop-1"]
+    assert sorted(t["for-loop-1"]["dependentTasks"]) == ["folds", "start-tracking"]
+    assert sorted(t["report"]["dependentTasks"]) == ["for-loop-1", "start-tracking"]
+    assert t["start-tracking"]["dependentTasks"] == ["precompute"]
     loop = doc["components"]["comp-for-loop-1"]
     assert set(loop["dag"]["tasks"]) == {"train"}
     assert (
@@ -76,7 +77,7 @@ def test_train_baseline_dag(compiled):
 
 def test_images_and_resources(compiled):
     _, doc = compiled["train-baseline.yaml"]
-    for step in ("ingest", "precompute", "folds", "report"):
+    for step in ("ingest", "precompute", "folds", "start-tracking", "report"):
         assert executor(doc, step)["image"] == CPU_IMAGE
     c = executor(doc, "train")
     assert c["image"] == GPU_IMAGE
@@ -100,8 +101,10 @@ def test_volumes_and_secrets_by_name_only(compiled):
     assert mounts["exec-ingest"] == {"/data/raw": "raw_pvc", "/data/work": "fxcache_pvc"}
     for e in ("exec-precompute", "exec-folds", "exec-train", "exec-report"):
         assert mounts[e] == {"/data/work": "fxcache_pvc"}, e
+    assert mounts["exec-start-tracking"] == {}
     assert k8s["exec-ingest"]["secretAsEnv"][0]["secretName"] == "foxhunt-databento"
-    assert k8s["exec-train"]["secretAsEnv"][0]["secretName"] == "foxhunt-mlflow"
+    for e in ("exec-train", "exec-report", "exec-start-tracking"):
+        assert k8s[e]["secretAsEnv"][0]["secretName"] == "foxhunt-mlflow", e
     assert k8s["exec-train"]["nodeSelector"]["labels"]["nvidia.com/gpu.product"]
     assert k8s["exec-train"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     # Values never: the environment's secrets are not baked into the YAML.

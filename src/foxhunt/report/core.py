@@ -55,6 +55,8 @@ class ReportConfig:
     """MLflow experiment name."""
     tags: dict[str, str] = field(default_factory=dict)
     """Extra MLflow tags (the pipeline passes the KFP run id)."""
+    run_id: str | None = None
+    """Log into this MLflow run (the pipeline run's parent) and end it; default: a new run."""
 
 
 def moments(r: np.ndarray) -> tuple[float, float, float]:
@@ -245,10 +247,15 @@ def _log_mlflow(cfg: ReportConfig, rep: dict) -> None:
     from foxhunt.train.tracking import default_tracking_uri
 
     client = mlflow.MlflowClient(default_tracking_uri())
-    exp = client.get_experiment_by_name(cfg.experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
-    run = client.create_run(exp_id, run_name="report", tags={"foxhunt.step": "report", **cfg.tags})
-    rid = run.info.run_id
+    if cfg.run_id:
+        rid = cfg.run_id
+        for k, v in cfg.tags.items():
+            client.set_tag(rid, k, v)
+    else:
+        exp = client.get_experiment_by_name(cfg.experiment)
+        exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
+        tags = {"foxhunt.step": "report", **cfg.tags}
+        rid = client.create_run(exp_id, run_name="report", tags=tags).info.run_id
     metrics = {f"eval/{k}": v for k, v in rep["aggregate"].items()}
     metrics["eval/deflated_sharpe"] = rep["deflated_sharpe"]["dsr"]
     for k, v in metrics.items():

@@ -60,6 +60,27 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def start_pipeline_run(
+    experiment: str, name: str, tags: dict[str, str], params: dict, tracking_uri: str | None = None
+) -> str:
+    """The parent run of one pipeline run: the training tasks (one per model and seed) are its
+    children and their folds its grandchildren; the report step logs the aggregate test metrics,
+    the deflated Sharpe ratio and the plots on it. Returns its run id."""
+    import mlflow
+    from mlflow.entities import Param
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    commit = os.environ.get("FOXHUNT_GIT_COMMIT")
+    tags = {"foxhunt.level": "pipeline", **({"git_commit": commit} if commit else {}), **tags}
+    run = client.create_run(exp_id, run_name=name, tags=tags)
+    items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+    if items:
+        client.log_batch(run.info.run_id, params=items)
+    return run.info.run_id
+
+
 class MlflowLogger:
     def __init__(self, experiment: str = "foxhunt", tracking_uri: str | None = None):
         import mlflow
@@ -91,7 +112,7 @@ class MlflowLogger:
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"fold-{fold}",
-            tags={"mlflow.parentRunId": self.parent, "fold": str(fold), **tags},
+            tags={**tags, "fold": str(fold), "mlflow.parentRunId": self.parent},
         )
         self.child = run.info.run_id
         return self.child

@@ -1,0 +1,31 @@
+from kfp import dsl
+
+from components.images import CPU_IMAGE
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def start_tracking(
+    kfp_run_id: str,
+    keys: str,
+    symbol: str,
+    model: str,
+    epochs: int,
+    bar_size: str,
+    experiment: str = "foxhunt",
+) -> str:
+    """The MLflow parent run of this pipeline run (tags: KFP run id, git commit, fxcache key,
+    symbol, model). Returns its run id for the train and report steps."""
+    import json
+
+    from foxhunt.train.tracking import start_pipeline_run
+
+    tags = {
+        "kfp_run_id": kfp_run_id,
+        "fxcache_key": json.loads(keys)[symbol],
+        "symbol": symbol,
+        "model": model,
+    }
+    params = {"symbol": symbol, "model": model, "epochs": epochs, "bar_size": bar_size}
+    run_id = start_pipeline_run(experiment, f"{symbol}-{model}-{kfp_run_id[:8]}", tags, params)
+    print(f"MLflow parent run {run_id}")
+    return run_id
