@@ -186,3 +186,12 @@ def test_cli_train_and_its_errors(demo_es, tmp_path, capsys):
     assert "nope.json: no such folds file" in capsys.readouterr().err
     with pytest.raises(TrainError, match="epochs = 0"):
         run_train(TrainConfig(folds=folds, cache=cache, epochs=0, tracking="none"))
+
+
+def test_resume_file_from_another_tracking_store_starts_new_runs(demo_es, tmp_path):
+    pytest.importorskip("mlflow")
+    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=1, fold_ids=(0,))
+    a = run_train(cfg, MlflowLogger("x", tracking_uri=f"sqlite:///{tmp_path / 'a.db'}"))
+    # Same run directory (finished resume file), another store: its run ids do not exist there.
+    b = run_train(cfg, MlflowLogger("x", tracking_uri=f"sqlite:///{tmp_path / 'b.db'}"))
+    assert b.resumed and metrics_of(a) == metrics_of(b)

@@ -74,6 +74,7 @@ def start_pipeline_run(
     exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
     commit = os.environ.get("FOXHUNT_GIT_COMMIT")
     tags = {"foxhunt.level": "pipeline", **({"git_commit": commit} if commit else {}), **tags}
+    tags = {k: str(v) for k, v in tags.items()}
     run = client.create_run(exp_id, run_name=name, tags=tags)
     items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
     if items:
@@ -92,10 +93,22 @@ class MlflowLogger:
         self.parent: str | None = None
         self.child: str | None = None
 
+    def _exists(self, run_id: str | None) -> bool:
+        """A resumed task continues its runs only where they live in this store (a resume
+        file can outlive a tracking store, or come from another one)."""
+        if not run_id:
+            return False
+        try:
+            self.client.get_run(run_id)
+            return True
+        except Exception:  # MlflowException / RestException: not in this store
+            return False
+
     def start_task(self, name, params, tags, resume_id=None) -> str:
-        if resume_id:
+        if self._exists(resume_id):
             self.parent = resume_id
             return resume_id
+        tags = {k: str(v) for k, v in tags.items()}  # the REST store wants strings
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.parent = run.info.run_id
         from mlflow.entities import Param
@@ -106,13 +119,17 @@ class MlflowLogger:
         return self.parent
 
     def start_fold(self, fold, tags, resume_id=None) -> str:
-        if resume_id:
+        if self._exists(resume_id):
             self.child = resume_id
             return resume_id
         run = self.client.create_run(
             self.experiment_id,
             run_name=f"fold-{fold}",
-            tags={**tags, "fold": str(fold), "mlflow.parentRunId": self.parent},
+            tags={
+                **{k: str(v) for k, v in tags.items()},
+                "fold": str(fold),
+                "mlflow.parentRunId": self.parent,
+            },
         )
         self.child = run.info.run_id
         return self.child
