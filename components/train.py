@@ -13,7 +13,6 @@ def train(
     seed: int = 0,
     epochs: int = 10,
     kfp_run_id: str = "",
-    parent_run_id: str = "",
     lr: float = 1e-4,
     gamma: float = 0.99,
     n_step: int = 3,
@@ -32,6 +31,11 @@ def train(
     from pathlib import Path
 
     from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+    from foxhunt.train.tracking import find_pipeline_run
+
+    # The pipeline's MLflow parent run (start_tracking ran before this task), found by the KFP
+    # run id: kfp.local hands a task output passed into a ParallelFor the loop item instead.
+    parent_run_id = find_pipeline_run("foxhunt", kfp_run_id)
 
     extra = json.loads(overrides or "{}")
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {

@@ -81,8 +81,8 @@ def build_train_baseline(
                 work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
                 epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
                 n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
-                half_spread_bps=half_spread_bps, overrides=overrides, parent_run_id=trk.output,
-            )  # fmt: skip
+                half_spread_bps=half_spread_bps, overrides=overrides,
+            ).after(trk)  # fmt: skip
             tr.set_display_name("Train over all folds").set_caching_options(False)
             tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
         rep = report(

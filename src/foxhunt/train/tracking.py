@@ -82,6 +82,23 @@ def start_pipeline_run(
     return run.info.run_id
 
 
+def find_pipeline_run(experiment: str, kfp_run_id: str, tracking_uri: str | None = None) -> str:
+    """The run id of the pipeline run's parent (made by `start_pipeline_run`), by its KFP run
+    id tag; '' when there is none."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None or not kfp_run_id:
+        return ""
+    runs = client.search_runs(
+        [exp.experiment_id],
+        filter_string=f"tags.kfp_run_id = '{kfp_run_id}' and tags.`foxhunt.level` = 'pipeline'",
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else ""
+
+
 class MlflowLogger:
     def __init__(self, experiment: str = "foxhunt", tracking_uri: str | None = None):
         import mlflow
