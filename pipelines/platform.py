@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
+from components import ingest, precompute
+
 RAW_MOUNT = "/data/raw"
 WORK_MOUNT = "/data/work"
 
@@ -83,3 +85,21 @@ def configure(
     for name, keys in secrets:
         kubernetes.use_secret_as_env(task, secret_name=name, secret_key_to_env=keys, optional=True)
     return task
+
+
+def ingest_and_precompute(
+    local: bool, cluster: Cluster, raw_dir, work_dir, download_symbols, start, end, symbols,
+    bar_size, raw_pvc, fxcache_pvc,
+) -> tuple[PipelineTask, PipelineTask]:  # fmt: skip
+    """The first two steps, as both pipelines run them: cached, ingest retried (downloads)."""
+    ing = ingest(raw_dir=raw_dir, work_dir=work_dir, download_symbols=download_symbols,
+                 start=start, end=end)  # fmt: skip
+    ing.set_display_name("Ingest DBN files").set_caching_options(True)
+    ing.set_retry(num_retries=2, backoff_duration="60s")
+    pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbols,
+                     bar_size=bar_size)  # fmt: skip
+    pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
+    if not local:
+        configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
+        configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
+    return ing, pre

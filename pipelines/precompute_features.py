@@ -4,8 +4,7 @@ from typing import Literal
 
 from kfp import dsl
 
-from components import ingest, precompute
-from pipelines.platform import DATABENTO_SECRET, RAW_MOUNT, WORK_MOUNT, Cluster, configure
+from pipelines.platform import RAW_MOUNT, WORK_MOUNT, Cluster, ingest_and_precompute
 
 
 def build_precompute_features(
@@ -26,15 +25,9 @@ def build_precompute_features(
         raw_pvc: str = "foxhunt-raw",
         fxcache_pvc: str = "foxhunt-fxcache",
     ):
-        ing = ingest(raw_dir=raw_dir, work_dir=work_dir, download_symbols=download_symbols,
-                     start=start, end=end)  # fmt: skip
-        ing.set_display_name("Ingest DBN files").set_caching_options(True)
-        ing.set_retry(num_retries=2, backoff_duration="60s")
-        pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbols,
-                         bar_size=bar_size)  # fmt: skip
-        pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
-        if not local:
-            configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
-            configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
+        ingest_and_precompute(
+            local, cluster, raw_dir, work_dir, download_symbols, start, end, symbols, bar_size,
+            raw_pvc, fxcache_pvc,
+        )  # fmt: skip
 
     return precompute_features

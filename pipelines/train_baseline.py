@@ -4,14 +4,14 @@ from typing import Literal
 
 from kfp import dsl
 
-from components import folds, ingest, precompute, report, start_tracking, train
+from components import folds, report, start_tracking, train
 from pipelines.platform import (
-    DATABENTO_SECRET,
     MLFLOW_SECRET,
     RAW_MOUNT,
     WORK_MOUNT,
     Cluster,
     configure,
+    ingest_and_precompute,
 )
 
 
@@ -56,15 +56,10 @@ def build_train_baseline(
         raw_pvc: str = "foxhunt-raw",
         fxcache_pvc: str = "foxhunt-fxcache",
     ):
-        ing = ingest(
-            raw_dir=raw_dir, work_dir=work_dir, download_symbols=download_symbols,
-            start=start, end=end,
+        _, pre = ingest_and_precompute(
+            local, cluster, raw_dir, work_dir, download_symbols, start, end, symbol, bar_size,
+            raw_pvc, fxcache_pvc,
         )  # fmt: skip
-        ing.set_display_name("Ingest DBN files").set_caching_options(True)
-        ing.set_retry(num_retries=2, backoff_duration="60s")
-        pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbol,
-                         bar_size=bar_size)  # fmt: skip
-        pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
         fo = folds(
             work_dir=work_dir, keys=pre.output, symbol=symbol, train_months=train_months,
             val_months=val_months, test_months=test_months, step_months=step_months,
@@ -93,8 +88,6 @@ def build_train_baseline(
         )
         rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
         if not local:
-            configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
-            configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
             configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
             configure(trk, "tracking", cluster, secrets=(MLFLOW_SECRET,))
             configure(tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
