@@ -70,7 +70,11 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=8)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    folds_path = args.data / "folds" / "ES.json"
+    # `make folds` writes folds/ES.json, the pipeline folds/ES-<key>.json: take the newest.
+    candidates = sorted((args.data / "folds").glob("ES*.json"), key=lambda p: p.stat().st_mtime)
+    if not candidates:
+        sys.exit(f"no ES folds under {args.data / 'folds'}: run `make run` first")
+    folds_path = candidates[-1]
     doc = json.loads(folds_path.read_text())
     cache = FxCache.open(args.data / "fxcache", doc["fxcache_key"])
     t0 = time.perf_counter()
