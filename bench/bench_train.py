@@ -97,6 +97,30 @@ def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
     return out
 
 
+def profile_learn(agent, variant: str, steps: int = 20) -> None:
+    """Kernel time per learning step, by kernel name (outside any graph: the eager or compiled
+    step as it is captured)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    agent._learn_step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            agent._learn_step()
+        torch.cuda.synchronize()
+    rows = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = e.name[:60]
+            n, t = rows.get(k, (0, 0.0))
+            rows[k] = (n + 1, t + e.device_time)
+    total = sum(t for _, t in rows.values()) / steps
+    print(f"profile {variant}: {total:.0f} us of kernels per step, "
+          f"{sum(n for n, _ in rows.values()) / steps:.0f} kernels", flush=True)  # fmt: skip
+    for k, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:18]:
+        print(f"  {t / steps:7.1f} us  {n / steps:4.1f}x  {k}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -107,6 +131,9 @@ def main() -> None:
         help="capture-precision[-noisy][-compile|-autotune]; without -noisy: epsilon-greedy 0.05",
     )
     ap.add_argument("--check", action="store_true", help="run the eager == captured checks")
+    ap.add_argument(
+        "--profile", action="store_true", help="top CUDA kernels of 20 learning steps per variant"
+    )
     args = ap.parse_args()
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
     n = 20_000 if args.cpu_smoke else 2_000_000
@@ -178,6 +205,8 @@ def main() -> None:
             f"build {build_s:.1f} s, params {nparam:,}, loss {r['loss_last']:.3f}",
             flush=True,
         )
+        if args.profile and dev.type == "cuda":
+            profile_learn(agent, variant)
         del agent
         if dev.type == "cuda":
             torch.cuda.empty_cache()
