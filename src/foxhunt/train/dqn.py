@@ -198,13 +198,8 @@ class BranchingQNet(nn.Module):
         self.head = lin(h, (1 + nb) * hh)  # value hidden and every branch's hidden, as one layer
         self.value = lin(hh, self.out)
         self.adv = nn.ModuleList(lin(hh, n * self.out) for n in branches)
-        # Dueling per branch in one matmul: A - M A, M block-diagonal with 1/n_b per block.
         n_act = sum(branches)
-        m = torch.zeros(n_act, n_act)
         offs = [0, *torch.tensor(branches).cumsum(0).tolist()]
-        for b, n in enumerate(branches):
-            m[offs[b] : offs[b + 1], offs[b] : offs[b + 1]] = 1.0 / n
-        self.register_buffer("mean_op", m)
         self.offsets = offs[:-1]
         self.n_act = n_act
 
@@ -230,14 +225,19 @@ class BranchingQNet(nn.Module):
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
         hs = F.relu(self._call(self.head, x, noise)).chunk(1 + len(self.branches), dim=1)
         v = self._call(self.value, hs[0], noise).unsqueeze(1)  # [R, 1, out]
+        # Dueling per branch: each branch's advantages centred on their mean (elementwise work
+        # that torch.compile fuses; a block-diagonal mean matrix cost a slow batched GEMM).
         a = torch.cat(
             [
-                self._call(layer, hb, noise).view(-1, n, self.out)
-                for layer, hb, n in zip(self.adv, hs[1:], self.branches, strict=True)
+                x - x.mean(1, keepdim=True)
+                for x in (
+                    self._call(layer, hb, noise).view(-1, n, self.out)
+                    for layer, hb, n in zip(self.adv, hs[1:], self.branches, strict=True)
+                )
             ],
             dim=1,
         )  # [R, A, out]
-        q = v + a - torch.matmul(self.mean_op.to(a.dtype), a)
+        q = v + a
         if self.iqn:
             return q.view(B, K, self.n_act)
         return q
