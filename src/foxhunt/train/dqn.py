@@ -259,19 +259,6 @@ def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: to
     return torch.bmm(p_next, hat)
 
 
-def project_c51_fused(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
-    """`project_c51` with the product written as a broadcast and a sum: torch.compile fuses the
-    kernel matrix into one reduction kernel, where the batched [K, atoms] x [atoms, atoms] GEMM
-    ran slowly. Eager would build [B, K, atoms, atoms]: use `project_c51` there."""
-    n = z.numel()
-    v_min, v_max = z[0], z[-1]
-    dz = (v_max - v_min) / (n - 1)
-    b = ((R + disc * z).clamp(v_min, v_max) - v_min) / dz  # [B, atoms j]
-    i = torch.arange(n, device=z.device, dtype=b.dtype)
-    hat = (1.0 - (b.unsqueeze(-1) - i).abs()).clamp_min(0.0)  # [B, j, i]
-    return (p_next.unsqueeze(-1) * hat.unsqueeze(1)).sum(2)
-
-
 def quantile_huber(theta: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa=1.0):
     """IQN loss per sample: theta [B, K, nb] at fractions taus [B, K], target [B, K', nb].
     Sum over K of the mean over K' of |tau - 1{u < 0}| * Huber_kappa(u) / kappa, mean over nb."""
@@ -525,8 +512,7 @@ class RainbowAgent:
             logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
             with torch.no_grad():
                 p2 = F.softmax(tg2.float().gather(1, a2[:, :, None].expand(-1, -1, A)), -1)
-                project = project_c51_fused if cfg.compile else project_c51
-                m = project(p2, R, disc, self.z)
+                m = project_c51(p2, R, disc, self.z)
                 q_taken = torch.matmul(logp.detach().exp(), self.z).mean()
             per = -(m * logp).sum(-1).mean(1)
         loss = (w * per).mean()
