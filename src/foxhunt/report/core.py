@@ -242,18 +242,14 @@ def _html(rep: dict, out: Path) -> str:
 
 
 def _log_mlflow(cfg: ReportConfig, rep: dict) -> None:
-    import mlflow
+    from foxhunt.train.tracking import client_and_experiment
 
-    from foxhunt.train.tracking import default_tracking_uri
-
-    client = mlflow.MlflowClient(default_tracking_uri())
+    client, exp_id = client_and_experiment(cfg.experiment)
     if cfg.run_id:
         rid = cfg.run_id
         for k, v in cfg.tags.items():
             client.set_tag(rid, k, v)
     else:
-        exp = client.get_experiment_by_name(cfg.experiment)
-        exp_id = exp.experiment_id if exp else client.create_experiment(cfg.experiment)
         tags = {"foxhunt.step": "report", **cfg.tags}
         rid = client.create_run(exp_id, run_name="report", tags=tags).info.run_id
     metrics = {f"eval/{k}": v for k, v in rep["aggregate"].items()}

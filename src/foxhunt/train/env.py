@@ -107,15 +107,9 @@ class TradingEnv:
     def reset(self, u: torch.Tensor, stagger: bool = True) -> None:
         """Flat envs at random bars of the range; `u` uniform [E] picks them. With `stagger`,
         episode clocks start at random points so that the envs do not all restart together."""
-        self.t.copy_(self._start(u))
-        self.pos.zero_()
-        self.entry.copy_(self.close.index_select(0, self.t))
-        self.hold.zero_()
-        self.eq.zero_()
+        self.start_at(self._start(u))
         if stagger:
             self.steps.copy_((u * 7919.0).frac().mul(self.episode_bars).long())
-        else:
-            self.steps.zero_()
 
     def start_at(self, starts: torch.Tensor) -> None:
         """Flat envs at the given bars (evaluation segments); clocks at zero."""

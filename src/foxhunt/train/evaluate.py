@@ -97,9 +97,10 @@ class Evaluator:
 def random_policy(generator: torch.Generator) -> Policy:
     """Uniformly random branch actions (the baseline a learned policy must beat)."""
 
+    n = torch.tensor(BRANCHES, device=generator.device)
+
     def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         u = torch.rand(len(t), len(BRANCHES), device=t.device, generator=generator)
-        n = torch.tensor(BRANCHES, device=t.device)
         return (u * n).long().minimum(n - 1)
 
     return act

@@ -49,6 +49,15 @@ def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
 
 
+def client_and_experiment(experiment: str, tracking_uri: str | None = None):
+    """An MlflowClient on the store and the id of `experiment`, created when missing."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    exp = client.get_experiment_by_name(experiment)
+    return client, exp.experiment_id if exp else client.create_experiment(experiment)
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     out = {}
     for k, v in d.items():
@@ -66,12 +75,9 @@ def start_pipeline_run(
     """The parent run of one pipeline run: the training tasks (one per model and seed) are its
     children and their folds its grandchildren; the report step logs the aggregate test metrics,
     the deflated Sharpe ratio and the plots on it. Returns its run id."""
-    import mlflow
     from mlflow.entities import Param
 
-    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
-    exp = client.get_experiment_by_name(experiment)
-    exp_id = exp.experiment_id if exp else client.create_experiment(experiment)
+    client, exp_id = client_and_experiment(experiment, tracking_uri)
     commit = os.environ.get("FOXHUNT_GIT_COMMIT")
     tags = {"foxhunt.level": "pipeline", **({"git_commit": commit} if commit else {}), **tags}
     tags = {k: str(v) for k, v in tags.items()}
@@ -101,12 +107,7 @@ def find_pipeline_run(experiment: str, kfp_run_id: str, tracking_uri: str | None
 
 class MlflowLogger:
     def __init__(self, experiment: str = "foxhunt", tracking_uri: str | None = None):
-        import mlflow
-
-        self.mlflow = mlflow
-        self.client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
-        exp = self.client.get_experiment_by_name(experiment)
-        self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        self.client, self.experiment_id = client_and_experiment(experiment, tracking_uri)
         self.parent: str | None = None
         self.child: str | None = None
 
