@@ -2,8 +2,8 @@
 
     python bench/bench_learning.py [--data data]     (after `make run`; CPU, ~1 minute)
 
-Trains the CPU-sized configuration of tests/test_train.py::test_it_learns_the_planted_signal
-(costs off) on the ES demo cache and its folds, and puts beside its val and test Sharpe ratios:
+Trains with the demo settings (foxhunt.train.demo, costs off; the CI learning test's too) on the
+ES demo cache and its folds, and puts beside its val and test Sharpe ratios:
 - a random policy (uniform branch actions) on the same ranges and env;
 - the oracle: it knows the latent order-flow pressure s[t] that synth planted (rebuilt from
   synth.json's seed and parameters) and holds sign(s[t]) at full size over bar t -> t+1, the
@@ -32,15 +32,9 @@ from foxhunt.fxcache import FxCache
 from foxhunt.synth.contracts import ROOTS, SESSIONS, trading_days
 from foxhunt.synth.generate import SynthConfig
 from foxhunt.synth.market import bar_path
-from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+from foxhunt.train import TrainConfig, demo, run_train
 from foxhunt.train.metrics import periods_per_year, trading_metrics
 from foxhunt.train.tracking import NullLogger
-
-LEARN_ENV = EnvConfig(episode_bars=512, fee_bps=0.0, half_spread_bps=0.0)
-LEARN_DQN = DQNConfig(
-    hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, v_min=-6.0, v_max=6.0,
-    envs=64, collect_steps=64, learn_steps=128, batch_size=256, lr=1e-3,
-)  # fmt: skip
 
 
 def pressure_by_timestamp(raw: Path, root: str) -> dict[int, float]:
@@ -67,7 +61,7 @@ def pressure_by_timestamp(raw: Path, root: str) -> dict[int, float]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("data"))
-    ap.add_argument("--epochs", type=int, default=8)
+    ap.add_argument("--epochs", type=int, default=demo.EPOCHS)
     args = ap.parse_args()
     torch.set_num_threads(2)
     # `make folds` writes folds/ES.json, the pipeline folds/ES-<key>.json: take the newest.
@@ -81,7 +75,7 @@ def main() -> None:
     res = run_train(
         TrainConfig(folds=folds_path, cache=args.data / "fxcache", epochs=args.epochs,
                     tracking="none", out=Path("/tmp/bench_learning"), resume=False,
-                    eval_segments=16, env=LEARN_ENV, dqn=LEARN_DQN),
+                    eval_segments=demo.EVAL_SEGMENTS, env=demo.ENV, dqn=demo.DQN),
         NullLogger(),
     )  # fmt: skip
     train_s = time.perf_counter() - t0

@@ -20,32 +20,37 @@ from pathlib import Path
 
 BUILD = Path("build")
 
-# make run's demo: CPU-sized, costs off so that the planted signal pays (docs/performance.md).
-DEMO = {
-    "epochs": 8,
-    "seeds": [0],
-    "gamma": 0.5,
-    "n_step": 1,
-    "lr": 1e-3,
-    "batch_size": 256,
-    "envs": 64,
-    "fee_bps": 0.0,
-    "half_spread_bps": 0.0,
-    "overrides": json.dumps(
-        {
-            "dqn": {
-                "hidden": [128, 128],
-                "head_hidden": 64,
-                "v_min": -6.0,
-                "v_max": 6.0,
-                "collect_steps": 64,
-                "learn_steps": 128,
-            },
-            "env": {"episode_bars": 512},
-            "train": {"eval_segments": 16},
-        }
-    ),
-}
+
+def demo_params() -> dict:
+    """make run's demo as pipeline parameters: foxhunt.train.demo's settings."""
+    from foxhunt.train import demo
+
+    d, e = demo.DQN, demo.ENV
+    return {
+        "epochs": demo.EPOCHS,
+        "seeds": [0],
+        "gamma": d.gamma,
+        "n_step": d.n_step,
+        "lr": d.lr,
+        "batch_size": d.batch_size,
+        "envs": d.envs,
+        "fee_bps": e.fee_bps,
+        "half_spread_bps": e.half_spread_bps,
+        "overrides": json.dumps(
+            {
+                "dqn": {
+                    "hidden": list(d.hidden),
+                    "head_hidden": d.head_hidden,
+                    "v_min": d.v_min,
+                    "v_max": d.v_max,
+                    "collect_steps": d.collect_steps,
+                    "learn_steps": d.learn_steps,
+                },
+                "env": {"episode_bars": e.episode_bars},
+                "train": {"eval_segments": demo.EVAL_SEGMENTS},
+            }
+        ),
+    }
 
 
 class SubmitError(RuntimeError):
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {p}")
         elif args.cmd == "run-local":
             params = parse_params(args.params, args.pipeline)
-            run_local(args.pipeline, (DEMO if args.demo else {}) | params)
+            run_local(args.pipeline, (demo_params() if args.demo else {}) | params)
         else:
             run_id = submit(
                 args.pipeline, parse_params(args.params), args.experiment, args.run_name

@@ -13,7 +13,7 @@ import torch
 
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
-from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
 from foxhunt.train.core import TrainError
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 
@@ -108,12 +108,8 @@ def test_it_learns_the_planted_signal(demo_es, tmp_path):
     random one and zero, on val (best epoch) and on test (never seen in training or selection).
     Costs are off, so that the signal (corr ~0.06 with the next return) is worth trading."""
     cfg = tiny_cfg(
-        demo_es, tmp_path, epochs=8, eval_segments=16,
-        env=EnvConfig(episode_bars=512, fee_bps=0.0, half_spread_bps=0.0),
-        dqn=DQNConfig(
-            hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, v_min=-6.0, v_max=6.0,
-            envs=64, collect_steps=64, learn_steps=128, batch_size=256, lr=1e-3,
-        ),
+        demo_es, tmp_path, epochs=demo.EPOCHS, eval_segments=demo.EVAL_SEGMENTS,
+        env=demo.ENV, dqn=demo.DQN,
     )  # fmt: skip
     res = run_train(cfg, NullLogger())
     a = res.aggregate

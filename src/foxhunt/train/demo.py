@@ -1,0 +1,14 @@
+"""The demo training settings: CPU-sized, trading costs off so that the demo set's planted
+signal (worth ~0.2 bp a bar) pays. `make run`, the CI learning test and bench_learning.py all
+train with these (docs/performance.md)."""
+
+from foxhunt.train.dqn import DQNConfig
+from foxhunt.train.env import EnvConfig
+
+EPOCHS = 8
+EVAL_SEGMENTS = 16
+ENV = EnvConfig(episode_bars=512, fee_bps=0.0, half_spread_bps=0.0)
+DQN = DQNConfig(
+    hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, v_min=-6.0, v_max=6.0,
+    envs=64, collect_steps=64, learn_steps=128, batch_size=256, lr=1e-3,
+)  # fmt: skip
