@@ -9,7 +9,9 @@ prices from a geometric random walk; the state 54 padded to 64; trunk 512-256, h
 parameters against 375,140); replay 1,000,000 on the GPU; batch 8192; n-step 3; PER; Adam;
 epsilon-greedy 0.05 as the anchor. One epoch = 100 collection steps at E = 16384, then 488
 learning steps at B = 8192. Variants `-noisy` use noisy heads instead (Rainbow's exploration:
-every head layer a second matmul, ~1.5x the network's FLOPs), `-compile` torch.compile the loss.
+every head layer a second matmul, ~1.5x the network's FLOPs), `-compile` torch.compile the loss
+and the update. A/B switches: `-noalign` (head matmuls at their own widths), `-optfused` /
+`-optsingle` (the update uncompiled, Adam fused or one op at a time).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -117,7 +119,7 @@ def profile_learn(agent, variant: str, steps: int = 20) -> None:
     total = sum(t for _, t in rows.values()) / steps
     print(f"profile {variant}: {total:.0f} us of kernels per step, "
           f"{sum(n for n, _ in rows.values()) / steps:.0f} kernels", flush=True)  # fmt: skip
-    for k, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:18]:
+    for k, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:30]:
         print(f"  {t / steps:7.1f} us  {n / steps:4.1f}x  {k}", flush=True)
 
 
@@ -176,6 +178,17 @@ def main() -> None:
         )
         t0 = time.perf_counter()
         agent = RainbowAgent(cfg, env_cfg, data, seed=0)
+        # Experiment switches: -noalign (heads' matmuls at their own widths), -optfused /
+        # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer).
+        if "noalign" in opts:
+            agent.net.align = agent.target.align = 1
+        for impl in ("fused", "single"):
+            if "opt" + impl in opts:
+                agent.opt = torch.optim.Adam(
+                    [agent.flat], lr=cfg.lr, eps=cfg.adam_eps, capturable=True,
+                    fused=impl == "fused" or None, foreach=False,
+                )  # fmt: skip
+                agent.update_fn = agent._update
         agent.ensure_optimizer_state()
         agent.reset_fold(*train, seed=1)
         if capture == "graph":

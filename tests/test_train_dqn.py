@@ -260,6 +260,53 @@ def test_every_option_learns_a_finite_loss(opts):
         assert stats["losses/cql"] > 0
 
 
+def test_aligned_heads_give_the_unaligned_outputs_and_gradients():
+    """Padding the output layers' widths inside the matmul (the GPU path) changes no number
+    beyond rounding, forward or backward."""
+    torch.manual_seed(0)
+    net = BranchingQNet(tiny(noisy=False)).double()
+    padded = BranchingQNet(tiny(noisy=False), align=8).double()
+    padded.load_state_dict(net.state_dict())
+    x = torch.randn(5, 64, dtype=torch.float64)
+    out, out_p = net(x), padded(x)
+    torch.testing.assert_close(out_p, out)
+    w = torch.randn_like(out)
+    (out * w).sum().backward()
+    (out_p * w).sum().backward()
+    for (name, a), b in zip(net.named_parameters(), padded.parameters(), strict=True):
+        torch.testing.assert_close(b.grad, a.grad, msg=name)
+
+
+def test_flat_update_equals_clip_and_adam_per_parameter_and_polyak_target():
+    """The agent's update over its flat buffer against torch's own per-parameter pieces:
+    clip_grad_norm_, Adam on each tensor, and target <- target + tau (online - target)."""
+    data = random_data()
+    cfg = tiny(noisy=False, grad_clip=0.5, lr=1e-2)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), data, seed=0)
+    ref = [p.detach().clone().requires_grad_() for p in agent.params]
+    ref_target = [p.detach().clone() for p in agent.target.parameters()]
+    opt = torch.optim.Adam(ref, lr=cfg.lr, eps=cfg.adam_eps, foreach=False)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(3):
+        grads = [torch.randn(p.shape, generator=gen) * (step + 1) for p in ref]
+        agent.flat.grad = torch.cat([g.reshape(-1) for g in grads])
+        gn = agent._update()
+        for p, g in zip(ref, grads, strict=True):
+            p.grad = g.clone()
+        gn_ref = torch.nn.utils.clip_grad_norm_(ref, cfg.grad_clip)
+        opt.step()
+        for t, p in zip(ref_target, ref, strict=True):
+            t.add_(cfg.tau * (p.detach() - t))
+        torch.testing.assert_close(gn, gn_ref)
+        for a, b in zip(agent.params, ref, strict=True):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-6, atol=1e-7)
+        for a, b in zip(agent.target.parameters(), ref_target, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    # the modules' parameters are views of the flat buffers
+    assert agent.params[0].data_ptr() == agent.flat.data_ptr()
+    assert next(agent.target.parameters()).data_ptr() == agent.target_flat.data_ptr()
+
+
 def test_normaliser_sees_only_the_train_range():
     data = random_data()
     data.fit_normaliser(100, 300)

@@ -107,8 +107,9 @@ class DQNConfig:
     projection and the losses stay float32."""
     capture: Literal["auto", "eager", "graph"] = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
-    compile: bool = False
-    """torch.compile the loss (kernel fusion) before capture. Costs compile time at start."""
+    compile: bool | None = None
+    """torch.compile the loss and the optimiser update (kernel fusion) before capture (default:
+    on with CUDA graphs). Costs about half a minute at the start of a task."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start)."""
 
@@ -126,7 +127,8 @@ class DQNConfig:
         capture = self.capture if self.capture != "auto" else ("graph" if gpu else "eager")
         if capture == "graph" and not gpu:
             raise ValueError("capture = graph needs a CUDA device")
-        cfg = replace(self, precision=precision, capture=capture, **fill)
+        compile_ = self.compile if self.compile is not None else capture == "graph"
+        cfg = replace(self, precision=precision, capture=capture, compile=compile_, **fill)
         cfg.check()
         return cfg
 
@@ -180,9 +182,9 @@ class BranchingQNet(nn.Module):
     C51: returns logits [B, A, atoms] with A = sum(BRANCHES) actions of all branches side by side.
     IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A]."""
 
-    def __init__(self, cfg: DQNConfig, branches: tuple[int, ...] = BRANCHES):
+    def __init__(self, cfg: DQNConfig, branches: tuple[int, ...] = BRANCHES, align: int = 1):
         super().__init__()
-        self.cfg, self.branches = cfg, branches
+        self.cfg, self.branches, self.align = cfg, branches, align
         self.iqn = cfg.distribution == "iqn"
         self.out = 1 if self.iqn else cfg.atoms
         dims = (IN_DIM, *cfg.hidden)
@@ -213,6 +215,16 @@ class BranchingQNet(nn.Module):
     def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
 
+    def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
+        """A head's output layer. With align > 1 its width (51, 153, 255, 102 for C51) is padded
+        to a multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
+        kernels, in the backward pass as well."""
+        pad = -layer.out_features % self.align if isinstance(layer, nn.Linear) else 0
+        if not pad:
+            return self._call(layer, x, noise)
+        y = F.linear(x, F.pad(layer.weight, (0, 0, 0, pad)), F.pad(layer.bias, (0, pad)))
+        return y[:, : layer.out_features]
+
     def forward(
         self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool = True
     ) -> torch.Tensor:
@@ -224,14 +236,14 @@ class BranchingQNet(nn.Module):
             phi = F.relu(self.embed(torch.cos(taus.unsqueeze(-1) * self.cos_i)))  # [B, K, h]
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
         hs = F.relu(self._call(self.head, x, noise)).chunk(1 + len(self.branches), dim=1)
-        v = self._call(self.value, hs[0], noise).unsqueeze(1)  # [R, 1, out]
+        v = self._out(self.value, hs[0], noise).unsqueeze(1)  # [R, 1, out]
         # Dueling per branch: each branch's advantages centred on their mean (elementwise work
         # that torch.compile fuses; a block-diagonal mean matrix cost a slow batched GEMM).
         a = torch.cat(
             [
                 x - x.mean(1, keepdim=True)
                 for x in (
-                    self._call(layer, hb, noise).view(-1, n, self.out)
+                    self._out(layer, hb, noise).view(-1, n, self.out)
                     for layer, hb, n in zip(self.adv, hs[1:], self.branches, strict=True)
                 )
             ],
@@ -244,6 +256,16 @@ class BranchingQNet(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- pieces
+def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
+    """Copy the parameters into one flat leaf tensor and make each a view of its slice."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params]).requires_grad_()
+    off = 0
+    for p in params:
+        p.data = flat.detach()[off : off + p.numel()].view_as(p)
+        off += p.numel()
+    return flat
+
+
 def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
     """Project the distribution p_next [B, K, atoms] on support z, shifted to R + disc * z
     (R, disc [B, 1]), back onto z. Dense form: target atom j puts weight
@@ -344,19 +366,26 @@ class RainbowAgent:
         self.cfg = cfg = cfg.resolved(dev)
         self.data, self.device = data, dev
         torch.manual_seed(seed)
-        self.net = BranchingQNet(cfg).to(dev)
-        self.target = copy.deepcopy(self.net).requires_grad_(False)
-        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        # Output widths padded inside the heads' matmuls on a GPU (see BranchingQNet._out).
+        self.net = BranchingQNet(cfg, align=8 if dev.type == "cuda" else 1).to(dev)
         self.params = list(self.net.parameters())
-        fused = dev.type == "cuda"
+        # All weights live in one flat buffer and the modules' parameters are views of it, so
+        # that clipping, Adam and the target update are each one kernel over one tensor (on a
+        # GPU, multi-tensor kernels over a few small tensors occupy only a few SMs).
+        self.flat = flatten_into_views(self.params)
+        self.target = copy.deepcopy(self.net).requires_grad_(False)
+        self.target_flat = flatten_into_views(list(self.target.parameters()))
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        # Adam's foreach form is what inductor fuses when compiled; uncompiled on a GPU the
+        # one-op-at-a-time form runs full-grid kernels over the flat buffer and is faster.
         self.opt = torch.optim.Adam(
-            self.params,
+            [self.flat],
             lr=cfg.lr,
             eps=cfg.adam_eps,
             capturable=dev.type == "cuda",
-            fused=fused or None,
-            foreach=None if fused else True,
+            foreach=cfg.compile or dev.type != "cuda",
         )
+        self.update_fn = torch.compile(self._update) if cfg.compile else self._update
         self.replay = Replay(cfg.replay_capacity, dev)
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.z = torch.linspace(cfg.v_min, cfg.v_max, cfg.atoms, device=dev)
@@ -379,7 +408,6 @@ class RainbowAgent:
         self.n_branch = torch.tensor(BRANCHES, device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._reset_lists = None
-        self.learn_fn = self._learn_step
         if cfg.compile:
             self._loss = torch.compile(self._loss, mode=cfg.compile_mode)
 
@@ -428,8 +456,7 @@ class RainbowAgent:
             self.ensure_optimizer_state()
             nets = [*self.net.state_dict().values(), *self.target.state_dict().values()]
             init = [*self.init_state.values(), *self.init_state.values()]
-            zero = [p.grad for p in self.params]
-            zero += [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
+            zero = [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
             zero += [self.replay.prio, self.replay.ptr, self.h_i, self.h_f, self.h_v, self.stats]
             self._reset_lists = (nets, init, zero)
         nets, init, zero = self._reset_lists
@@ -531,14 +558,25 @@ class RainbowAgent:
             self.target.reset_noise()
         idx, w = self.replay.sample(torch.rand(cfg.batch_size, device=self.device))
         loss, per, q_taken, cql = self._loss(idx, w)
-        self.opt.zero_grad(set_to_none=False)
+        for p in self.params:  # backward hands over fresh gradient buffers
+            p.grad = None
         loss.backward()
-        gn = torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip)
-        self.opt.step()
+        self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        gn = self.update_fn()
         with torch.no_grad():
-            torch._foreach_lerp_(list(self.target.parameters()), self.params, cfg.tau)
             self.replay.update(idx, per, cfg.per_alpha)
             self.stats[0:4] += torch.stack([loss.detach(), gn, q_taken, cql])
+
+    def _update(self) -> torch.Tensor:
+        """Clip the gradient to the global norm (as clip_grad_norm_), Adam, soft target update.
+        Returns the norm before clipping."""
+        g = self.flat.grad
+        gn = torch.linalg.vector_norm(g)
+        g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0))
+        self.opt.step()
+        with torch.no_grad():
+            self.target_flat.lerp_(self.flat, self.cfg.tau)
+        return gn
 
     def learn(self) -> None:
         g = self.graphs.get("learn")
@@ -606,6 +644,12 @@ class RainbowAgent:
         missing = set(cur) - set(saved)
         if missing:
             raise ValueError(f"resume state lacks {sorted(missing)[:5]}")
+        for k, v in cur.items():
+            if saved[k].shape != v.shape:
+                raise ValueError(
+                    f"resume state {k}: shape {tuple(saved[k].shape)}, this trainer has "
+                    f"{tuple(v.shape)} (written by another foxhunt version?)"
+                )
         with torch.no_grad():
             for k, v in cur.items():
                 v.copy_(saved[k].to(v.device))
@@ -616,13 +660,9 @@ class RainbowAgent:
             st[f"net.{k}"] = v
         for k, v in self.target.state_dict().items():
             st[f"target.{k}"] = v
-        for i, p in enumerate(self.params):
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            st[f"grad.{i}"] = p.grad
-            for k, v in self.opt.state.get(p, {}).items():
-                if torch.is_tensor(v):
-                    st[f"opt.{i}.{k}"] = v
+        for k, v in self.opt.state.get(self.flat, {}).items():
+            if torch.is_tensor(v):
+                st[f"opt.{k}"] = v
         r, e = self.replay, self.env
         for k in ("fbuf", "ibuf", "prio", "ptr", "max_prio", "beta"):
             st[f"replay.{k}"] = getattr(r, k)
@@ -638,13 +678,11 @@ class RainbowAgent:
         exist beforehand, so take one zero-gradient step and undo it."""
         if self.opt.state:
             return
-        saved = {k: v.clone() for k, v in self.net.state_dict().items()}
-        for p in self.params:
-            p.grad = torch.zeros_like(p)
+        saved = self.flat.detach().clone()
+        self.flat.grad = torch.zeros_like(self.flat)
         self.opt.step()
         with torch.no_grad():
-            for k, v in self.net.state_dict().items():
-                v.copy_(saved[k])
+            self.flat.copy_(saved)
         for st in self.opt.state.values():
             for v in st.values():
                 if torch.is_tensor(v):
