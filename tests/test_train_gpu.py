@@ -32,7 +32,8 @@ def run_epochs(
     data = gpu_data()
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
-        replay_capacity=32_768, capture=capture, compile=False, precision=precision, distribution=distribution,
+        replay_capacity=32_768, capture=capture, compile=False, precision=precision,
+        distribution=distribution,
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
     agent.ensure_optimizer_state()
