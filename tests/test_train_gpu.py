@@ -37,9 +37,9 @@ def run_epochs(
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
     agent.ensure_optimizer_state()
-    agent.reset_fold(1000, 15000, seed=3)
-    if capture == "graph":
+    if capture == "graph":  # before the first fold is set, as foxhunt train does
         agent.capture()
+    agent.reset_fold(1000, 15000, seed=3)
     stats = []
     for _ in range(epochs):
         agent.collect()

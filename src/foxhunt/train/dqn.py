@@ -610,6 +610,10 @@ class RainbowAgent:
             raise RuntimeError("CUDA graphs need a CUDA device")
         saved = self.snapshot()
         rng = torch.cuda.get_rng_state(self.device)
+        # The warm-up steps need a valid range even before the first fold is set (all of it
+        # is restored afterwards).
+        self.env.set_range(0, self.data.n)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
         s = torch.cuda.Stream(self.device)
         s.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(s):
