@@ -21,8 +21,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+import zstandard
 
-from foxhunt.dbn.io import encode_metadata, iter_chunks, raw_bytes, read_header, write_dbn
+from foxhunt.dbn.io import encode_metadata, iter_chunks, read_header, write_dbn
 from foxhunt.ingest.core import IngestConfig, run_ingest
 from foxhunt.synth.contracts import ROOTS, front_and_next, trading_days
 from foxhunt.synth.generate import SynthConfig, generate
@@ -82,16 +83,30 @@ def one_file(days: int, tmp: Path) -> tuple[dict[str, Path], int]:
 
 
 def raw_decode(f: Path) -> int:
+    """Records in the file, decoded the cheapest way: a plain file read whole and viewed; a
+    zstd file decompressed in 16 MB pieces into one reused buffer (no copies, no fresh pages),
+    each piece viewed as records."""
     with open(f, "rb") as fh:
         header = read_header(fh, f, False) if f.suffix == ".dbn" else None
     if header is not None:  # plain file: read it, view the records
         data = np.fromfile(f, dtype=np.uint8)
-        recs = data[header.header_bytes :].view(header.dtype)
-    else:  # decompress into memory, view the records
-        data = raw_bytes(f)
-        hdr_len = 8 + int.from_bytes(data[4:8], "little")
-        recs = np.frombuffer(data, dtype=np.uint8, offset=hdr_len).view(iter_chunks(f)[0].dtype)
-    return len(recs)
+        return len(data[header.header_bytes :].view(header.dtype))
+    header, _ = iter_chunks(f)
+    size = header.dtype.itemsize
+    buf = np.empty((16 << 20) // size * size, dtype=np.uint8)
+    n = rest = 0
+    with (
+        open(f, "rb") as fh,
+        zstandard.ZstdDecompressor().stream_reader(fh, read_across_frames=True) as r,
+    ):
+        r.read(header.header_bytes)  # the metadata
+        while k := r.readinto(buf[rest:]):
+            k += rest
+            whole = k // size * size
+            n += len(buf[:whole].view(header.dtype))
+            rest = k - whole  # a record split between two reads: keep its start
+            buf[:rest] = buf[whole:k]
+    return n
 
 
 def pool_free_count(f: Path) -> int:

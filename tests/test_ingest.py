@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import shutil
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -16,7 +17,9 @@ import polars as pl
 import pytest
 import zstandard
 
-from foxhunt.dbn.io import encode_metadata, read_all, write_dbn
+from foxhunt.dbn.buffers import BufferPool
+from foxhunt.dbn.columns import RecordColumns
+from foxhunt.dbn.io import encode_metadata, read_ahead, read_all, write_dbn
 from foxhunt.dbn.layout import MBP10_DTYPE, OHLCV_DTYPE
 from foxhunt.ingest.core import (
     IngestConfig,
@@ -328,3 +331,60 @@ def test_memory_is_bounded_by_the_chunk(tmp_path):
         ]
         == n
     )
+
+
+def test_read_ahead_keeps_order_raises_in_place_and_stops_when_left():
+    def numbers(n, fail_at=None, closed=None):
+        try:
+            for i in range(n):
+                if i == fail_at:
+                    raise ValueError(f"bad item {i}")
+                yield i
+        finally:
+            if closed is not None:
+                closed.set()
+
+    assert list(read_ahead(numbers(50), depth=2)) == list(range(50))
+    got = []
+    with pytest.raises(ValueError, match="bad item 7"):
+        for x in read_ahead(numbers(20, fail_at=7)):
+            got.append(x)
+    assert got == list(range(7))  # everything before the error, nothing after
+    closed = threading.Event()
+    it = read_ahead(numbers(10**9, closed=closed))
+    assert next(it) == 0
+    it.close()  # the consumer leaves early: the thread stops and closes the source
+    assert closed.wait(5)
+    assert not any(t.name == "dbn-read-ahead" for t in threading.enumerate())
+
+
+def test_buffer_pool_reuses_only_buffers_nothing_refers_to():
+    import pyarrow as pa
+
+    pool = BufferPool()
+    a = pool.take(1 << 20)
+    first = a.ctypes.data
+    assert first % 64 == 0
+    held = pa.array(a[:4096].view(np.uint32))  # an Arrow array built on a view of it
+    del a
+    b = pool.take(1 << 20)
+    assert b.ctypes.data != first  # still referenced through the Arrow array
+    del held
+    c = pool.take(1 << 19)
+    assert c.ctypes.data == first  # free again: reused (the smallest that fits)
+    del b, c
+
+
+def test_record_columns_equal_the_fields_and_start_aligned():
+    """Chunk-sized columns come out of pooled buffers; each equals the strided field."""
+    n = 9000  # large enough for the pooled transpose and narrow-column block
+    raw = np.random.default_rng(0).integers(0, 256, n * MBP10_DTYPE.itemsize, dtype=np.uint8)
+    recs = raw.view(MBP10_DTYPE)
+    cols = RecordColumns(recs)
+    for name in MBP10_DTYPE.names:
+        col = cols[name]
+        assert np.array_equal(col, recs[name]), name
+        if col.dtype.kind in "iu":
+            assert col.ctypes.data % 64 == 0, name
+    sub = cols.subset(slice(100, 200))
+    assert np.array_equal(sub["bid_sz_03"], recs["bid_sz_03"][100:200])

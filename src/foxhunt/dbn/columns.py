@@ -10,7 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from foxhunt.dbn.buffers import POOL, POOLED_BYTES
+
 TRANSPOSE_BLOCK = 1024
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64
 
 
 class RecordColumns:
@@ -18,13 +24,14 @@ class RecordColumns:
         self.recs = recs
         self.dtype = recs.dtype
         self._cache: dict[str, np.ndarray] = {}
+        self._block: np.ndarray | None = None
         n, size = len(recs), recs.dtype.itemsize
         self._words = None
         if size % 8 == 0 and n:
             base = recs if recs.flags.c_contiguous else np.ascontiguousarray(recs)
             mat = np.ndarray((n, size // 8), dtype=np.uint64, buffer=base.data)
             # Transposed in blocks of rows that fit in cache: ~1.7x a single whole transpose.
-            self._words = np.empty((size // 8, n), dtype=np.uint64)
+            self._words = POOL.take(size * n).view(np.uint64).reshape(size // 8, n)
             for lo in range(0, n, TRANSPOSE_BLOCK):
                 self._words[:, lo : lo + TRANSPOSE_BLOCK] = mat[lo : lo + TRANSPOSE_BLOCK].T
 
@@ -45,8 +52,24 @@ class RecordColumns:
                 col = row.view(dt)
             else:
                 per = 8 // dt.itemsize
-                col = np.ascontiguousarray(row.view(dt)[k // dt.itemsize :: per])
+                col = self._narrow(dt)
+                np.copyto(col, row.view(dt)[k // dt.itemsize :: per])
         self._cache[name] = col
+        return col
+
+    def _narrow(self, dt: np.dtype) -> np.ndarray:
+        """An empty column for a field narrower than 8 bytes: a slice of one pooled block per
+        chunk that holds them all (their copies out of the transpose)."""
+        n = len(self.recs)
+        if self._block is None:
+            sizes = [f[0].itemsize for f in self.dtype.fields.values() if f[0].itemsize < 8]
+            total = sum(_aligned(n * k) for k in sizes)
+            self._block = POOL.take(total) if total >= POOLED_BYTES else None
+            self._used = 0
+        if self._block is None:
+            return np.empty(n, dtype=dt)
+        col = self._block[self._used : self._used + n * dt.itemsize].view(dt)
+        self._used += _aligned(n * dt.itemsize)  # every column starts 64-byte aligned
         return col
 
     def subset(self, sel: slice | np.ndarray) -> RecordColumns:
@@ -55,6 +78,7 @@ class RecordColumns:
         sub.recs = self.recs[sel]
         sub.dtype = self.dtype
         sub._cache = {}
+        sub._block = None
         sub._words = None if self._words is None else self._words[:, sel]
         return sub
 

@@ -9,22 +9,27 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import struct
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import databento_dbn as dbn
 import numpy as np
 import zstandard
 
+from foxhunt.dbn.buffers import POOL, POOLED_BYTES
 from foxhunt.dbn.layout import SCHEMAS, SUPPORTED_VERSIONS, SchemaLayout
 
 DBN_MAGIC = b"DBN"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 # Legacy DBZ files start with a zstd skippable frame (magic 0x184D2A50..0x184D2A5F).
 SKIPPABLE_MAGIC_LOW = 0x184D2A50
+
+T = TypeVar("T")
 
 
 class DbnFormatError(ValueError):
@@ -114,8 +119,8 @@ def _read_exact(stream: BinaryIO, n: int, path: Path) -> np.ndarray:
     """Up to n bytes (fewer only at the end of the stream), read into one uint8 buffer.
 
     np.empty, not bytearray: the buffer is not zero-filled, so pages a short file never
-    reaches are never touched."""
-    buf = np.empty(n, dtype=np.uint8)
+    reaches are never touched. Chunk-sized buffers come from the buffer pool."""
+    buf = POOL.take(n) if n >= POOLED_BYTES else np.empty(n, dtype=np.uint8)
     view = memoryview(buf)
     got = 0
     while got < n:
@@ -226,6 +231,52 @@ def iter_chunks(
                     return
 
     return header, gen()
+
+
+def read_ahead(items: Iterator[T], depth: int = 1) -> Iterator[T]:
+    """Iterate `items` on a background thread, up to `depth` items ahead. File reads and zstd
+    decompression release the GIL, so the next chunk is decoded while the caller works on this
+    one. An error is raised where it happened in the sequence; closing the generator (or
+    leaving a loop over it early) stops the thread."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    end = object()
+
+    def put(item) -> bool:
+        while not stop.is_set():
+            try:
+                q.put(item, timeout=0.05)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for x in items:
+                if not put((x, None)):
+                    return
+            put((end, None))
+        except BaseException as e:  # handed to the consumer, raised there
+            put((end, e))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    worker = threading.Thread(target=run, name="dbn-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            x, err = q.get()
+            if x is end:
+                if err is not None:
+                    raise err
+                return
+            yield x
+    finally:
+        stop.set()
+        worker.join()
 
 
 class TruncatedTail(Exception):

@@ -35,7 +35,8 @@ import pyarrow.parquet as pq
 
 from foxhunt import __version__
 from foxhunt.dbn.columns import RecordColumns
-from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks
+from foxhunt.dbn.buffers import POOL
+from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks, read_ahead
 from foxhunt.dbn.layout import SCHEMAS
 from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic
 from foxhunt.ingest.arrow import to_table
@@ -222,7 +223,7 @@ def ingest_file(
     bad_parts: list[pa.Table] = []
     itemsize = header.dtype.itemsize
     try:
-        for chunk_no, chunk in enumerate(chunks):
+        for chunk_no, chunk in enumerate(read_ahead(chunks)):
             recs = chunk.records
             rep.records += len(recs)
             rep.bytes_in += recs.nbytes
@@ -257,6 +258,7 @@ def ingest_file(
         raise IngestError(str(e)) from None
     finally:
         sink.close()
+        POOL.clear()  # chunk buffers are reused within a file, not kept between files
     rep.digest = hasher.hexdigest()[:32]  # the whole file went through the hasher
     if bad_parts:
         q = stage / "quarantine" / f"schema={header.schema}" / f"file={path.name}.parquet"

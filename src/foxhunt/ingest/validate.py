@@ -21,8 +21,10 @@ RULE_PRICE = "non-positive price"
 RULE_CROSSED = "crossed book: best bid >= best ask"
 RULE_DUPLICATE = "duplicate record"
 
-# Actions whose `price` must be a real price (R = clear book and N = none may carry UNDEF).
-_PRICED_ACTIONS = np.array([b"A", b"C", b"M", b"T", b"F"], dtype="S1")
+# Actions whose `price` must be a real price (R = clear book and N = none may carry UNDEF), as
+# a lookup table over the action byte.
+_PRICED = np.zeros(256, dtype=bool)
+_PRICED[[ord(a) for a in "ACMTF"]] = True
 
 
 @dataclass
@@ -57,7 +59,7 @@ def check_chunk(
     if layout.name == "trades":
         bad_px |= recs["price"] == UNDEF_PRICE
     if "bid_px_00" in names:  # MBP-10: the event price and every occupied level
-        priced = np.isin(recs["action"], _PRICED_ACTIONS)
+        priced = _PRICED[recs["action"].view(np.uint8)]
         bad_px |= priced & ((recs["price"] <= 0) | (recs["price"] == UNDEF_PRICE))
         for i in range(10):
             for side in ("bid", "ask"):
