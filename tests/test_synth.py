@@ -186,3 +186,99 @@ def test_planted_signal_order_flow_leads_next_return(tmp_path):
     assert c > 5 * se, (c, n)
     assert abs(c0) < 4 * se, c0
     assert 0.03 < c < 0.15
+
+
+# --- the compiled book walk against the vectorised reference it replaced ----------------------
+RING, MASK, LEVELS = 16, 15, 10
+
+
+def _forward_fill(slot, value, mask, init):
+    """Reference: vals[last[r, k]] is the size in ring slot k in state r (state 0: start of the
+    day; state e + 1: after event e). Event e is assignment RING + e, so a running maximum down
+    each column of assignment numbers picks the latest one."""
+    n = len(slot)
+    last = np.zeros((n + 1, RING), dtype=np.int64)
+    last[0] = np.arange(RING)
+    rows = np.flatnonzero(mask)
+    last[rows + 1, slot[rows]] = RING + rows
+    np.maximum.accumulate(last, axis=0, out=last)
+    return np.concatenate([init, value])[last]  # [n + 1, RING] sizes per state
+
+
+def _random_walk(n=3000, seed=0):
+    rng = np.random.default_rng(seed)
+    side_bid = rng.random(n) < 0.5
+    direction = rng.choice([-1, 0, 0, 0, 1], n).astype(np.int64)
+    b_after = 20_000 + np.cumsum(direction)
+    b_before = b_after - direction
+    slot = (b_after + rng.integers(-10, 11, n)) & MASK
+    value = rng.integers(1, 500, n).astype(np.int32)
+    init = rng.integers(1, 500, (2, RING)).astype(np.int32)
+    return side_bid, direction, b_before, b_after, slot, value, init
+
+
+def test_queue_walk_matches_the_forward_fill_reference():
+    from foxhunt.synth.book import queue_sizes
+
+    side_bid, direction, b_before, _, slot, value, init = _random_walk()
+    old, left = queue_sizes(slot, value, side_bid, direction, b_before, init[0], init[1], MASK)
+    bid = _forward_fill(slot, value, side_bid, init[0])
+    ask = _forward_fill(slot, value, ~side_bid, init[1])
+    e = np.arange(len(slot))
+    np.testing.assert_array_equal(old, np.where(side_bid, bid[e, slot], ask[e, slot]))
+    want_left = np.where(direction > 0, ask[e, (b_before + 1) & MASK], bid[e, b_before & MASK])
+    np.testing.assert_array_equal(left, want_left)
+
+
+def test_record_fill_matches_field_by_field_assignment():
+    from foxhunt.dbn.layout import MBP10_DTYPE
+    from foxhunt.synth.book import fill_records
+
+    side_bid, _, _, b_after, slot, value, init = _random_walk(seed=1)
+    rng = np.random.default_rng(2)
+    n_ev = len(slot)
+    state = np.sort(rng.integers(0, n_ev + 1, 5000))
+    b_state = np.concatenate([[b_after[0]], b_after])[state]
+    tick_ns = 250_000_000
+    px0 = (b_state + 7) * tick_ns
+    n = len(state)
+    head = {
+        "instrument_id": rng.integers(1, 2**31, n),
+        "ts_event": rng.integers(0, 2**62, n),
+        "price": rng.integers(1, 2**40, n),
+        "size": rng.integers(1, 10_000, n),
+        "action": rng.choice(np.array([b"A", b"C", b"M", b"T"]), n),
+        "side": rng.choice(np.array([b"A", b"B"]), n),
+        "flags": rng.integers(0, 256, n),
+        "depth": rng.integers(0, 10, n),
+        "ts_recv": rng.integers(0, 2**62, n),
+        "ts_in_delta": rng.integers(-20_000, 20_000, n),
+        "sequence": rng.integers(0, 2**32, n),
+    }
+    rec = np.zeros(n, dtype=MBP10_DTYPE)
+    args = [v.view(np.uint8) if v.dtype.kind == "S" else v for v in head.values()]
+    fill_records(
+        rec.view(np.uint64).reshape(n, -1), state, b_state, px0, tick_ns, slot, value, side_bid,
+        init[0], init[1], MASK, np.uint64(92 | 10 << 8 | 1 << 16), *args,
+    )  # fmt: skip
+    want = np.zeros(n, dtype=MBP10_DTYPE)
+    want["length"], want["rtype"], want["publisher_id"] = 92, 10, 1
+    for k, v in head.items():
+        want[k] = v
+    bid = _forward_fill(slot, value, side_bid, init[0])[state]
+    ask = _forward_fill(slot, value, ~side_bid, init[1])[state]
+    rows = np.arange(n)[:, None]
+    lv = np.arange(LEVELS)
+    bid_sz, ask_sz = (
+        bid[rows, (b_state[:, None] - lv) & MASK],
+        ask[rows, (b_state[:, None] + 1 + lv) & MASK],
+    )
+    for i in range(LEVELS):
+        want[f"bid_px_{i:02d}"] = px0 - i * tick_ns
+        want[f"ask_px_{i:02d}"] = px0 + (i + 1) * tick_ns
+        want[f"bid_sz_{i:02d}"], want[f"ask_sz_{i:02d}"] = bid_sz[:, i], ask_sz[:, i]
+        want[f"bid_ct_{i:02d}"], want[f"ask_ct_{i:02d}"] = (
+            bid_sz[:, i] // 8 + 1,
+            ask_sz[:, i] // 8 + 1,
+        )
+    assert rec.tobytes() == want.tobytes()

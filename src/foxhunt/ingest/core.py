@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from foxhunt import __version__
-from foxhunt.dbn.columns import RecordColumns
 from foxhunt.dbn.buffers import POOL
+from foxhunt.dbn.columns import RecordColumns
 from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks, read_ahead
 from foxhunt.dbn.layout import SCHEMAS
 from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic

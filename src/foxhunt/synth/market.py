@@ -26,8 +26,8 @@ are trades (`T`, then the `C` that shrinks the queue). The spread is always one 
 order counts are positive on all ten levels, so books never cross.
 
 Queue sizes live in a ring of 16 price slots per side (price tick mod 16): an event assigns a new
-size to one slot, and the state after every event is a forward fill of those assignments. That
-keeps the whole day vectorised: no per-event Python loop.
+size to one slot. Everything else is vectorised over the day; the walk through the events that
+keeps the ring, and writes each record's ten levels, is compiled (`foxhunt.synth.book`).
 """
 
 from __future__ import annotations
@@ -38,8 +38,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from foxhunt.dbn.layout import (
-    LEVEL_DTYPE,
-    LEVELS_OFFSET,
     MBP10_DTYPE,
     OHLCV_DTYPE,
     PRICE_SCALE,
@@ -48,6 +46,7 @@ from foxhunt.dbn.layout import (
     RTYPE_OHLCV_1M,
     TRADE_DTYPE,
 )
+from foxhunt.synth import book
 from foxhunt.synth.contracts import (
     SESSIONS,
     Contract,
@@ -205,25 +204,16 @@ def day_records(
 
     init = np.maximum(1, np.rint(spec.base_size * rng.lognormal(0.0, 0.6, (2, RING))))
     init = init.astype(np.int32)
-    last_bid, vals_bid = _forward_fill(n_ev, slot, value, side_bid, init[0])
-    last_ask, vals_ask = _forward_fill(n_ev, slot, value, ~side_bid, init[1])
-
-    def q_bid(state, k):  # size in bid ring slot k in state `state` (e: before event e)
-        return vals_bid[last_bid[state, k]]
-
-    def q_ask(state, k):
-        return vals_ask[last_ask[state, k]]
-
-    rows = np.arange(n_ev)
-    old = np.where(side_bid, q_bid(rows, slot), q_ask(rows, slot)).astype(np.int64)
-    delta = value.astype(np.int64) - old
-
-    # Moves: the opposite best level of the state before is gone afterwards. Its last lots trade
-    # (the T record) and the rest is cancelled, as queues mostly thin out by cancels before the
-    # price moves; whole-queue trades would swamp the planted flow with the return itself.
-    level_left = np.where(
-        direction > 0, q_ask(rows, (b_before + 1) & RING_MASK), q_bid(rows, b_before & RING_MASK)
+    # The book before each event: the size the event replaces and, for a move, the size of the
+    # opposite best level. Moves: that level is gone afterwards. Its last lots trade (the T
+    # record) and the rest is cancelled, as queues mostly thin out by cancels before the price
+    # moves; whole-queue trades would swamp the planted flow with the return itself.
+    old, level_left = book.queue_sizes(
+        slot, value, side_bid, direction, b_before, init[0], init[1], RING_MASK
     )
+    delta = value.astype(np.int64) - old
+    rows = np.arange(n_ev)
+
     # Some decreases at the best level are trades; pressure decides the aggressor side. (Queue
     # sizes carry no pressure: bigger bid queues under buying pressure would make the moves
     # down, which take out a whole queue, sell more and cancel the signal out.)
@@ -246,11 +236,6 @@ def day_records(
     rec = np.empty(n_rec, dtype=MBP10_DTYPE)  # every byte is set below
     tick_ns = round(spec.tick * PRICE_SCALE)
     b_state = np.concatenate([[b_open], b_after])[state]
-    # Book sizes: for each record's state, the ring slots of the ten visible levels. With the
-    # ring doubled, the ten slots are one contiguous window, gathered in one indexing step.
-    bid_sz = _ring_window(vals_bid[last_bid], state, (b_state - (LEVELS - 1)) & RING_MASK)
-    bid_sz = bid_sz[:, ::-1]  # the window runs up in price; bid levels run down
-    ask_sz = _ring_window(vals_ask[last_ask], state, (b_state + 1) & RING_MASK)
     mv = is_move[ev_of]
     dir_r = direction[ev_of]
     sb = side_bid[ev_of]
@@ -287,92 +272,34 @@ def day_records(
     for iid in (front.instrument_id, nxt.instrument_id):
         m = instrument == iid
         seq[m] = 1_000 + np.arange(int(m.sum()))
-    header = {
-        "length": MBP10_DTYPE.itemsize // 4,
-        "rtype": RTYPE_MBP_10,
-        "publisher_id": PUBLISHER_GLBX,
-        "instrument_id": instrument,
-        "ts_event": ts[ev_of],
-        "price": (price_tick + offset) * tick_ns,
-        "size": size,
-        "action": action,
-        "side": side,
-        "flags": np.where(is_t, 0, F_LAST),
-        "depth": np.where(is_t | mv, 0, level[ev_of]),
-        "ts_recv": np.maximum.accumulate(ts[ev_of] + latency),
-        "ts_in_delta": ts_in_delta,
-        "sequence": seq,
-    }
-    _fill_records(rec, header, (b_state + offset) * tick_ns, tick_ns, bid_sz, ask_sz)
+    px0 = (b_state + offset) * tick_ns
+    book.fill_records(
+        rec.view(np.uint64).reshape(n_rec, -1),
+        state,
+        b_state,
+        px0,
+        tick_ns,
+        slot,
+        value,
+        side_bid,
+        init[0],
+        init[1],
+        RING_MASK,
+        np.uint64(MBP10_DTYPE.itemsize // 4 | RTYPE_MBP_10 << 8 | PUBLISHER_GLBX << 16),
+        instrument,
+        ts[ev_of],
+        (price_tick + offset) * tick_ns,
+        size,
+        action.view(np.uint8),
+        side.view(np.uint8),
+        np.where(is_t, 0, F_LAST),
+        np.where(is_t | mv, 0, level[ev_of]),
+        np.maximum.accumulate(ts[ev_of] + latency),
+        ts_in_delta,
+        seq,
+    )
     contracts = [front] if share == 0.0 else [front, nxt]
     return DayRecords(rec, contracts)
-
-
-def _forward_fill(
-    n_ev: int, slot: np.ndarray, value: np.ndarray, mask: np.ndarray, init: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Which assignment holds each ring slot after each event.
-
-    Returns (last, vals): `vals[last[r, k]]` is the size in ring slot k in state r, where state
-    0 is the start of the day and state e + 1 the book after event e. The initial sizes are
-    pseudo-assignments 0..RING-1 and event e is assignment RING + e, so a running maximum down
-    each column picks the latest assignment.
-    """
-    last = np.zeros((n_ev + 1, RING), dtype=np.int32)
-    last[0] = np.arange(RING)
-    rows = np.flatnonzero(mask)
-    last[rows + 1, slot[rows]] = RING + rows
-    np.maximum.accumulate(last, axis=0, out=last)
-    return last, np.concatenate([init, value])
-
-
-FILL_BLOCK = 2048  # records per block: 750 kB of MBP-10, so one block's passes stay in cache
-
-
-def _fill_records(
-    rec: np.ndarray,
-    header: dict,
-    px0: np.ndarray,
-    tick_ns: int,
-    bid_sz: np.ndarray,
-    ask_sz: np.ndarray,
-) -> None:
-    """Write every field of the records block by block. Each field is one pass over the block;
-    done over the whole day at once, the ~20 passes would each stream the whole array through
-    memory, which cost more than computing the values."""
-    depth_ns = np.arange(LEVELS, dtype=np.int64) * tick_ns  # int64: 9 ticks of ES overflow int32
-    for lo in range(0, len(rec), FILL_BLOCK):
-        hi = min(lo + FILL_BLOCK, len(rec))
-        blk = rec[lo:hi]
-        for name, v in header.items():
-            blk[name] = v if np.isscalar(v) else v[lo:hi]
-        p0 = px0[lo:hi, None]
-        np.subtract(p0, depth_ns, out=_level_field(blk, "bid_px"))
-        np.add(p0 + tick_ns, depth_ns, out=_level_field(blk, "ask_px"))
-        for side, sz in (("bid", bid_sz[lo:hi]), ("ask", ask_sz[lo:hi])):
-            _level_field(blk, f"{side}_sz")[...] = sz
-            ct = sz >> 3
-            ct += 1
-            _level_field(blk, f"{side}_ct")[...] = ct
-
-
-def _level_field(rec: np.ndarray, name: str) -> np.ndarray:
-    """[n, 10] writable view of one book-level field (bid_px, ask_sz, ...) of MBP-10 records."""
-    dt, off = LEVEL_DTYPE.fields[name][:2]
-    return np.ndarray(
-        (len(rec), LEVELS),
-        dtype=dt,
-        buffer=rec,
-        offset=LEVELS_OFFSET + off,
-        strides=(rec.dtype.itemsize, LEVEL_DTYPE.itemsize),
-    )
-
-
-def _ring_window(ring: np.ndarray, rows: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """[len(rows), LEVELS]: ring[rows[i], (start[i] + j) % RING] for j in 0..LEVELS-1."""
-    doubled = np.concatenate([ring, ring[:, :LEVELS]], axis=1)
-    windows = np.lib.stride_tricks.sliding_window_view(doubled, LEVELS, axis=1)
-    return windows[rows, start]
 
 
 def trades_from_mbp(mbp: np.ndarray) -> np.ndarray:
