@@ -373,6 +373,13 @@ def test_buffer_pool_reuses_only_buffers_nothing_refers_to():
     c = pool.take(1 << 19)
     assert c.ctypes.data == first  # free again: reused (the smallest that fits)
     del b, c
+    small = BufferPool(max_buffers=2)
+    held = [small.take(1000), small.take(1000)]
+    del held  # the pool is full of idle buffers too small for the next request
+    big = small.take(1 << 20)
+    ptr = big.ctypes.data
+    del big
+    assert small.take(1 << 20).ctypes.data == ptr  # it replaced one of them and is reused
 
 
 def test_record_columns_equal_the_fields_and_start_aligned():

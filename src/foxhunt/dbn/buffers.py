@@ -37,19 +37,25 @@ class BufferPool:
 
     def take(self, nbytes: int) -> np.ndarray:
         """A 64-byte aligned uint8 array of `nbytes` (uninitialised): the smallest idle pooled
-        buffer that is large enough, else a new one (pooled while there are fewer than
-        `max_buffers`)."""
+        buffer that is large enough (and at most twice the size), else a new one. A new buffer
+        is pooled while there are fewer than `max_buffers`, else in place of an idle one (one
+        that did not fit, so the pool follows the sizes in use)."""
         need = nbytes + ALIGN
         with self._lock:
-            best = None
-            for buf in self._bufs:
-                if sys.getrefcount(buf) == _IDLE and buf.nbytes >= need:
-                    if best is None or buf.nbytes < best.nbytes:
+            best, idle = None, None
+            for i in range(len(self._bufs)):  # (enumerate's tuple would hold a reference)
+                buf = self._bufs[i]
+                if sys.getrefcount(buf) == _IDLE:
+                    idle = i
+                    fits = need <= buf.nbytes <= 2 * need  # not a much bigger one: keep it
+                    if fits and (best is None or buf.nbytes < best.nbytes):
                         best = buf
             if best is None:
                 best = np.empty(need, dtype=np.uint8)
                 if len(self._bufs) < self.max_buffers:
                     self._bufs.append(best)
+                elif idle is not None:
+                    self._bufs[idle] = best
             start = -best.ctypes.data % ALIGN
             return best[start : start + nbytes]
 

@@ -25,6 +25,8 @@ class RecordColumns:
         self.dtype = recs.dtype
         self._cache: dict[str, np.ndarray] = {}
         self._block: np.ndarray | None = None
+        self._parent: RecordColumns | None = None
+        self._sel: slice | np.ndarray | None = None
         n, size = len(recs), recs.dtype.itemsize
         self._words = None
         if size % 8 == 0 and n:
@@ -42,12 +44,15 @@ class RecordColumns:
         col = self._cache.get(name)
         if col is not None:
             return col
+        if self._parent is not None:
+            col = self._cache[name] = self._parent[name][self._sel]
+            return col
         dt, off = self.dtype.fields[name][:2]
         if self._words is None or dt.kind not in "iuf":
             col = np.ascontiguousarray(self.recs[name])
         else:
             w, k = divmod(off, 8)
-            row = np.ascontiguousarray(self._words[w])  # a view unless a masked subset
+            row = self._words[w]  # contiguous: a view
             if dt.itemsize == 8:
                 col = row.view(dt)
             else:
@@ -73,13 +78,15 @@ class RecordColumns:
         return col
 
     def subset(self, sel: slice | np.ndarray) -> RecordColumns:
-        """The records selected by a slice (views, no copy) or a mask, sharing the transpose."""
+        """The records selected by a slice or an index array. Its columns are the parent's
+        columns indexed the same way (views for a slice), each computed once per chunk."""
         sub = RecordColumns.__new__(RecordColumns)
         sub.recs = self.recs[sel]
         sub.dtype = self.dtype
         sub._cache = {}
         sub._block = None
-        sub._words = None if self._words is None else self._words[:, sel]
+        sub._words = None
+        sub._parent, sub._sel = self, sel
         return sub
 
     def header_words(self) -> np.ndarray:
