@@ -260,13 +260,15 @@ def test_every_option_learns_a_finite_loss(opts):
         assert stats["losses/cql"] > 0
 
 
-def test_aligned_heads_give_the_unaligned_outputs_and_gradients():
+@pytest.mark.parametrize("noisy", [False, True])
+def test_aligned_heads_give_the_unaligned_outputs_and_gradients(noisy):
     """Padding the output layers' widths inside the matmul (the GPU path) changes no number
-    beyond rounding, forward or backward."""
+    beyond rounding, forward or backward, plain or noisy layers."""
     torch.manual_seed(0)
-    net = BranchingQNet(tiny(noisy=False)).double()
-    padded = BranchingQNet(tiny(noisy=False), align=8).double()
-    padded.load_state_dict(net.state_dict())
+    net = BranchingQNet(tiny(noisy=noisy)).double()
+    net.reset_noise()
+    padded = BranchingQNet(tiny(noisy=noisy), align=8).double()
+    padded.load_state_dict(net.state_dict())  # the noise buffers too
     x = torch.randn(5, 64, dtype=torch.float64)
     out, out_p = net(x), padded(x)
     torch.testing.assert_close(out_p, out)

@@ -168,12 +168,23 @@ class NoisyLinear(nn.Module):
             e.normal_()
             e.copy_(e.sign() * e.abs().sqrt())
 
-    def forward(self, x: torch.Tensor, noise: bool = True) -> torch.Tensor:
-        y = F.linear(x, self.weight_mu, self.bias_mu)
+    @property
+    def out_features(self) -> int:
+        return self.weight_mu.shape[0]
+
+    def forward(self, x: torch.Tensor, noise: bool = True, pad: int = 0) -> torch.Tensor:
+        """`pad` extra output rows of zeros inside the matmuls (see BranchingQNet._out)."""
+        w_mu, b_mu, w_sigma, b_sigma, eps_out = (
+            self.weight_mu, self.bias_mu, self.weight_sigma, self.bias_sigma, self.eps_out
+        )  # fmt: skip
+        if pad:
+            w_mu, w_sigma = (F.pad(w, (0, 0, 0, pad)) for w in (w_mu, w_sigma))
+            b_mu, b_sigma, eps_out = (F.pad(b, (0, pad)) for b in (b_mu, b_sigma, eps_out))
+        y = F.linear(x, w_mu, b_mu)
         if noise:
-            y = y + F.linear(x * self.eps_in, self.weight_sigma) * self.eps_out
-            y = y + self.bias_sigma * self.eps_out
-        return y
+            y = y + F.linear(x * self.eps_in, w_sigma) * eps_out
+            y = y + b_sigma * eps_out
+        return y[:, : self.out_features] if pad else y
 
 
 class BranchingQNet(nn.Module):
@@ -219,9 +230,11 @@ class BranchingQNet(nn.Module):
         """A head's output layer. With align > 1 its width (51, 153, 255, 102 for C51) is padded
         to a multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
         kernels, in the backward pass as well."""
-        pad = -layer.out_features % self.align if isinstance(layer, nn.Linear) else 0
+        pad = -layer.out_features % self.align
+        if isinstance(layer, NoisyLinear):
+            return layer(x, noise, pad)
         if not pad:
-            return self._call(layer, x, noise)
+            return layer(x)
         y = F.linear(x, F.pad(layer.weight, (0, 0, 0, pad)), F.pad(layer.bias, (0, pad)))
         return y[:, : layer.out_features]
 
@@ -385,7 +398,9 @@ class RainbowAgent:
             capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )
-        self.update_fn = torch.compile(self._update) if cfg.compile else self._update
+        # dynamic=False: another agent in the same process (other sizes) recompiles for its
+        # own static shapes; automatic dynamic shapes hit a dynamo guard error in torch 2.11.
+        self.update_fn = torch.compile(self._update, dynamic=False) if cfg.compile else self._update
         self.replay = Replay(cfg.replay_capacity, dev)
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.z = torch.linspace(cfg.v_min, cfg.v_max, cfg.atoms, device=dev)
@@ -409,7 +424,7 @@ class RainbowAgent:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._reset_lists = None
         if cfg.compile:
-            self._loss = torch.compile(self._loss, mode=cfg.compile_mode)
+            self._loss = torch.compile(self._loss, mode=cfg.compile_mode, dynamic=False)
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
