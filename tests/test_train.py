@@ -69,6 +69,28 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert not other.resumed
 
 
+def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, caplog):
+    """A mid-fold resume file whose agent state does not fit (written by an older version:
+    other keys or shapes) is set aside with a warning, not restored and not a crash."""
+
+    def kill(fold, epoch):
+        if (fold, epoch) == (0, 0):
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "old", fold_ids=(0,), epochs=2)
+    with pytest.raises(Killed):
+        run_train(cfg, NullLogger(), on_epoch_end=kill)
+    (resume,) = (tmp_path / "old").glob("*/resume.pt")
+    state = torch.load(resume, weights_only=False)
+    state["agent"] = {k.replace("opt.", "opt.0."): v for k, v in state["agent"].items()}
+    torch.save(state, resume)
+    res = run_train(cfg, NullLogger())
+    assert not res.resumed
+    assert "written by another trainer" in caplog.text
+    fresh = run_train(tiny_cfg(demo_es, tmp_path / "new", fold_ids=(0,), epochs=2), NullLogger())
+    assert metrics_of(res) == metrics_of(fresh)
+
+
 def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
     from safetensors.torch import load_file
 

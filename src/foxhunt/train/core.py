@@ -258,6 +258,9 @@ def run_train(
         if state.get("digest") != digest:
             log.warning("%s belongs to another configuration: starting afresh", resume_path)
             state = None
+        elif state.get("agent") is not None and (why := agent.state_mismatch(state["agent"])):
+            log.warning("%s was written by another trainer (%s): starting afresh", resume_path, why)
+            state = None
     resumed = state is not None
     results: list[dict] = state["results"] if state else []
     run_ids = state["run_ids"] if state else {"parent": None, "child": None}

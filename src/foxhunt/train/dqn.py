@@ -658,17 +658,22 @@ class RainbowAgent:
             out[k] = v.detach().clone()
         return out
 
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        """Why `saved` cannot be restored into this agent (another version's layout), or None."""
         cur = self._state_tensors()
         missing = set(cur) - set(saved)
         if missing:
-            raise ValueError(f"resume state lacks {sorted(missing)[:5]}")
+            return f"it lacks {sorted(missing)[:5]}"
         for k, v in cur.items():
             if saved[k].shape != v.shape:
-                raise ValueError(
-                    f"resume state {k}: shape {tuple(saved[k].shape)}, this trainer has "
-                    f"{tuple(v.shape)} (written by another foxhunt version?)"
-                )
+                return f"{k} has shape {tuple(saved[k].shape)}, this trainer {tuple(v.shape)}"
+        return None
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        why = self.state_mismatch(saved)
+        if why is not None:
+            raise ValueError(f"resume state does not fit this trainer: {why}")
+        cur = self._state_tensors()
         with torch.no_grad():
             for k, v in cur.items():
                 v.copy_(saved[k].to(v.device))
