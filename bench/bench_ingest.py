@@ -2,9 +2,10 @@
 
     make bench          (or: .venv/bin/python bench/bench_ingest.py [--days 20] [--repeats 3])
 
-Raw decode = read the file (and zstd-decompress it) into a buffer, then np.frombuffer over the
-records: the floor any DBN reader pays. Ingest = `foxhunt ingest` on the same file: decode,
-validate every rule, convert to Arrow and write Parquet. Figures go to docs/performance.md.
+Raw decode = read the file (and zstd-decompress it, streaming into one reused buffer), then
+np.frombuffer over the records: the floor any DBN reader pays. Ingest = `foxhunt ingest` on
+the same file: decode, validate every rule, convert to Arrow and write Parquet. Figures go to
+docs/performance.md.
 """
 
 from __future__ import annotations
