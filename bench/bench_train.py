@@ -129,7 +129,8 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument(
         "--variants",
-        default="eager-fp32,eager-bf16,graph-fp32,graph-bf16,graph-bf16-noisy,graph-bf16-compile",
+        default="eager-fp32,eager-bf16,graph-fp32,graph-bf16,graph-bf16-noisy,graph-bf16-compile,"
+        "graph-bf16-compile-noisy",
         help="capture-precision[-noisy][-compile|-autotune]; without -noisy: epsilon-greedy 0.05",
     )
     ap.add_argument("--check", action="store_true", help="run the eager == captured checks")
