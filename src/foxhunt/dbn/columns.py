@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from foxhunt.dbn.buffers import POOL, POOLED_BYTES
+from foxhunt.dbn.buffers import ALIGN, POOL, POOLED_BYTES
 
 TRANSPOSE_BLOCK = 1024
 
 
 def _aligned(nbytes: int) -> int:
-    return -(-nbytes // 64) * 64
+    return -(-nbytes // ALIGN) * ALIGN
 
 
 class RecordColumns:
@@ -25,6 +25,7 @@ class RecordColumns:
         self.dtype = recs.dtype
         self._cache: dict[str, np.ndarray] = {}
         self._block: np.ndarray | None = None
+        self._used = 0  # bytes of _block handed out
         self._parent: RecordColumns | None = None
         self._sel: slice | np.ndarray | None = None
         n, size = len(recs), recs.dtype.itemsize
@@ -70,11 +71,10 @@ class RecordColumns:
             sizes = [f[0].itemsize for f in self.dtype.fields.values() if f[0].itemsize < 8]
             total = sum(_aligned(n * k) for k in sizes)
             self._block = POOL.take(total) if total >= POOLED_BYTES else None
-            self._used = 0
         if self._block is None:
             return np.empty(n, dtype=dt)
         col = self._block[self._used : self._used + n * dt.itemsize].view(dt)
-        self._used += _aligned(n * dt.itemsize)  # every column starts 64-byte aligned
+        self._used += _aligned(n * dt.itemsize)  # every column starts ALIGN-byte aligned
         return col
 
     def subset(self, sel: slice | np.ndarray) -> RecordColumns:
@@ -84,7 +84,7 @@ class RecordColumns:
         sub.recs = self.recs[sel]
         sub.dtype = self.dtype
         sub._cache = {}
-        sub._block = None
+        sub._block, sub._used = None, 0
         sub._words = None
         sub._parent, sub._sel = self, sel
         return sub

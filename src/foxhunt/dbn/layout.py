@@ -55,7 +55,8 @@ def _same_all_versions(cls) -> dict[int, np.dtype]:
     return {1: d, 2: d, 3: d}
 
 
-_LEVEL_PX = tuple(f"{side}_px_{i:02d}" for i in range(10) for side in ("bid", "ask"))
+LEVELS = 10  # book levels of an MBP-10 record
+_LEVEL_PX = tuple(f"{side}_px_{i:02d}" for i in range(LEVELS) for side in ("bid", "ask"))
 
 SCHEMAS: dict[str, SchemaLayout] = {
     "mbp-10": SchemaLayout("mbp-10", (RTYPE_MBP_10,), _same_all_versions(dbn.MBP10Msg), ()),
@@ -103,7 +104,8 @@ MBP10_DTYPE = SCHEMAS["mbp-10"].dtypes[3]
 TRADE_DTYPE = SCHEMAS["trades"].dtypes[3]
 OHLCV_DTYPE = SCHEMAS["ohlcv-1m"].dtypes[3]
 
-# One book level as DBN lays it out (databento_dbn.BidAskPair); ten of them end an MBP-10 record.
+# One book level as DBN lays it out (databento_dbn.BidAskPair); LEVELS of them end an MBP-10
+# record.
 LEVEL_DTYPE = np.dtype(
     [
         ("bid_px", "<i8"),

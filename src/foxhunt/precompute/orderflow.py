@@ -29,9 +29,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from foxhunt.dbn.layout import LEVELS
 from foxhunt.precompute.features import window_sum
 
-LEVELS = 10
 OFI_LEVELS = 5
 UNDEF_PRICE = np.iinfo(np.int64).max
 PRICE_SCALE = 1e-9

@@ -13,7 +13,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-LEVELS = 10
+from foxhunt.dbn.layout import LEVEL_DTYPE, LEVELS, LEVELS_OFFSET
+
+# The record as 8-byte words: the levels start at word 6, four words each.
+FIRST_LEVEL_WORD = LEVELS_OFFSET // 8
+LEVEL_WORDS = LEVEL_DTYPE.itemsize // 8
 
 
 @njit(cache=True, nogil=True)
@@ -103,7 +107,7 @@ def fill_records(
         for i in range(LEVELS):
             bs = bid[(b - i) & ring_mask]
             az = ask[(b + 1 + i) & ring_mask]
-            k = 6 + 4 * i
+            k = FIRST_LEVEL_WORD + LEVEL_WORDS * i
             w[k] = np.uint64(p0 - i * tick_ns)
             w[k + 1] = np.uint64(p0 + tick_ns + i * tick_ns)
             w[k + 2] = np.uint64(bs) | (np.uint64(az) << u32)

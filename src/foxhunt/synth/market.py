@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from foxhunt.dbn.layout import (
+    LEVELS,
     MBP10_DTYPE,
     OHLCV_DTYPE,
     PRICE_SCALE,
@@ -59,7 +60,6 @@ from foxhunt.synth.contracts import (
 NS_PER_MIN = 60_000_000_000
 RING = 16  # price slots per side (a power of two): more than the 10 visible levels
 RING_MASK = RING - 1
-LEVELS = 10
 PUBLISHER_GLBX = 1  # Databento publisher id of GLBX.MDP3
 F_LAST = 0x80  # DBN flag: last record of an event for this instrument
 
