@@ -395,3 +395,59 @@ def test_record_columns_equal_the_fields_and_start_aligned():
             assert col.ctypes.data % 64 == 0, name
     sub = cols.subset(slice(100, 200))
     assert np.array_equal(sub["bid_sz_03"], recs["bid_sz_03"][100:200])
+
+
+@pytest.mark.parametrize("name", ["x.mbp-10.dbn", "x.mbp-10.dbn.zst"])
+def test_column_chunks_equal_the_records_whatever_the_pieces(tmp_path, monkeypatch, name):
+    """The reader that transposes piece by piece gives the records' every field, at every
+    chunk and piece size, with the same chunk starts and truncated-tail handling as
+    `iter_chunks`."""
+    import foxhunt.dbn.io as dbn_io
+
+    n = 1000
+    raw = np.random.default_rng(1).integers(0, 256, n * MBP10_DTYPE.itemsize, dtype=np.uint8)
+    recs = raw.view(MBP10_DTYPE)
+    meta = encode_metadata(
+        "GLBX.MDP3", "mbp-10", 0, 1, {"ESH4": 1}, dt.date(2024, 1, 2), dt.date(2024, 1, 3)
+    )
+    path = tmp_path / name
+    write_dbn(path, meta, recs)
+    for piece, chunk in [(3 * 368, 250), (1000, 333), (1 << 19, 1000), (368, 7)]:
+        monkeypatch.setattr(dbn_io, "PIECE_BYTES", piece)
+        _, chunks = dbn_io.iter_column_chunks(path, chunk)
+        got = list(chunks)
+        assert [c.first_index for c in got] == list(range(0, n, chunk))
+        assert got[-1].first_offset == len(meta) + got[-1].first_index * MBP10_DTYPE.itemsize
+        for c in got:
+            want = recs[c.first_index : c.first_index + len(c.columns)]
+            for field in MBP10_DTYPE.names:
+                assert np.array_equal(c.columns[field], want[field]), (piece, chunk, field)
+            assert c.columns.recs.tobytes() == want.tobytes()
+    # A partial last record: an error naming it, or with the allowance the whole records
+    # first and then TruncatedTail.
+    write_dbn(path, meta, raw[:-100].tobytes())
+    _, chunks = dbn_io.iter_column_chunks(path, 300)
+    with pytest.raises(dbn_io.DbnFormatError, match=r"record 999 .*268 of 368"):
+        list(chunks)
+    _, chunks = dbn_io.iter_column_chunks(path, 300, allow_truncated_tail=True)
+    seen = []
+    with pytest.raises(dbn_io.TruncatedTail):
+        for c in chunks:
+            seen.append(len(c.columns))
+    assert seen == [300, 300, 300, 99]
+
+
+def test_record_columns_subsets_of_subsets():
+    n = 5000
+    raw = np.random.default_rng(2).integers(0, 256, n * MBP10_DTYPE.itemsize, dtype=np.uint8)
+    recs = raw.view(MBP10_DTYPE)
+    cols = RecordColumns(recs)
+    idx = np.flatnonzero(recs["ts_event"] % 3 == 0)
+    sub = cols.subset(idx).subset(slice(10, 60))
+    want = recs[idx][10:60]
+    assert len(sub) == 50
+    for field in ("ts_event", "action", "bid_sz_07", "ask_px_09", "flags"):
+        assert np.array_equal(sub[field], want[field]), field
+    assert sub.recs.tobytes() == want.tobytes()
+    head = np.ascontiguousarray(want).view(np.uint8).reshape(50, -1)[:, :48]
+    assert np.array_equal(sub.header_words(), np.ascontiguousarray(head).view(np.uint64).T)

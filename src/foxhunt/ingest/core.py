@@ -36,7 +36,13 @@ import pyarrow.parquet as pq
 from foxhunt import __version__
 from foxhunt.dbn.buffers import POOL
 from foxhunt.dbn.columns import RecordColumns
-from foxhunt.dbn.io import DbnFormatError, TruncatedTail, iter_chunks, read_ahead
+from foxhunt.dbn.io import (
+    DbnFormatError,
+    TruncatedTail,
+    iter_chunks,
+    iter_column_chunks,
+    read_ahead,
+)
 from foxhunt.dbn.layout import SCHEMAS
 from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic
 from foxhunt.ingest.arrow import to_table
@@ -203,7 +209,7 @@ def ingest_file(
     quarantine = cfg.on_error == "quarantine"
     try:
         hasher = hashlib.sha256()
-        header, chunks = iter_chunks(
+        header, chunks = iter_column_chunks(
             path, cfg.chunk_records, allow_truncated_tail=quarantine, hasher=hasher
         )
     except DbnFormatError as e:
@@ -224,31 +230,30 @@ def ingest_file(
     itemsize = header.dtype.itemsize
     try:
         for chunk_no, chunk in enumerate(read_ahead(chunks)):
-            recs = chunk.records
-            rep.records += len(recs)
-            rep.bytes_in += recs.nbytes
-            cols = RecordColumns(recs)  # one transpose, shared by validation and conversion
-            keep = np.ones(len(recs), dtype=bool)
+            cols = chunk.columns  # one transpose, shared by validation and conversion
+            rep.records += len(cols)
+            rep.bytes_in += len(cols) * itemsize
+            keep = np.ones(len(cols), dtype=bool)
             for rule, mask in check_chunk(cols, header.layout, state):
                 if not quarantine:
                     i = int(np.flatnonzero(mask)[0])
                     idx = chunk.first_index + i
                     raise IngestError(
                         f"{path} at record {idx} (byte {chunk.first_offset + i * itemsize}, "
-                        f"ts_event {int(recs['ts_event'][i])}, instrument_id "
-                        f"{int(recs['instrument_id'][i])}): {rule}"
+                        f"ts_event {int(cols['ts_event'][i])}, instrument_id "
+                        f"{int(cols['instrument_id'][i])}): {rule}"
                     )
                 newly = mask & keep
                 rep.quarantined[rule] = rep.quarantined.get(rule, 0) + int(newly.sum())
                 if newly.any():
-                    t = to_table(recs[newly], header.schema)
+                    t = to_table(cols.subset(np.flatnonzero(newly)), header.schema)
                     t = t.append_column("rule", pa.array([rule] * int(newly.sum())))
                     t = t.append_column(
                         "record_index", pa.array(chunk.first_index + np.flatnonzero(newly))
                     )
                     bad_parts.append(t)
                 keep &= ~mask
-            good = cols if keep.all() else RecordColumns(recs[keep])
+            good = cols if keep.all() else cols.subset(np.flatnonzero(keep))
             rep.written += len(good)
             _write_partitions(good, header.schema, symbols, stage, file_no, chunk_no, sink, rep)
     except TruncatedTail as t:
@@ -258,7 +263,6 @@ def ingest_file(
         raise IngestError(str(e)) from None
     finally:
         sink.close()
-        POOL.clear()  # chunk buffers are reused within a file, not kept between files
     rep.digest = hasher.hexdigest()[:32]  # the whole file went through the hasher
     if bad_parts:
         q = stage / "quarantine" / f"schema={header.schema}" / f"file={path.name}.parquet"
@@ -282,7 +286,8 @@ def _write_partitions(
     iid = cols["instrument_id"]
     day = cols["ts_event"] // np.uint64(NS_PER_DAY)
     key = day.astype(np.uint64) << np.uint64(32) | iid.astype(np.uint64)
-    uniq = np.unique(key)
+    # Mostly one instrument and day per chunk: then no sort is needed to know it.
+    uniq = key[:1] if key[0] == key[-1] and (key == key[0]).all() else np.unique(key)
     for k in uniq.tolist():
         if len(uniq) == 1:
             sel = cols
@@ -453,6 +458,7 @@ def run_ingest(cfg: IngestConfig, progress=None) -> IngestResult:
         raise
     finally:
         _WORK.clear()
+        POOL.clear()  # chunk buffers are reused from file to file, not kept after the run
     return res
 
 
