@@ -43,6 +43,18 @@ def _best(f, repeats: int, setup=None) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def _paired(decode, ingest, repeats: int, setup) -> tuple[float, float, float]:
+    """Median seconds of `decode()` and of `ingest()`, timed in alternation, and the median of
+    the per-pair ratios decode/ingest. The VM's speed drifts by a third within a minute; a
+    ratio of two figures taken seconds apart in the same pair cancels most of that."""
+    dec, ing = [], []
+    for _ in range(repeats):
+        dec.append(_best(decode, 1)[0])
+        ing.append(_best(ingest, 1, setup)[0])
+    ratios = [d / i for d, i in zip(dec, ing, strict=True)]
+    return statistics.median(dec), statistics.median(ing), statistics.median(ratios)
+
+
 def _clear(d: Path) -> None:
     """Delete the previous repeat's output before a timed one. Outside the timing: the kernel
     may still be writing those pages back, and deleting them waits for that (up to half the
@@ -124,7 +136,7 @@ def raw_decode(f: Path) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--days", type=int, default=30, help="trading days in the single-file test")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--month-days", type=int, default=21, help="trading days of day files")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="foxhunt-bench-"))
@@ -141,14 +153,22 @@ def main() -> None:
         files, n = one_file(args.days, tmp)
         print(f"\nsingle MBP-10 file of {n:,} records ({args.days} days), one process:")
         print(f"{'file':10} {'raw decode M/s':>15} {'ingest M/s':>11} {'ratio':>6}")
-        for ext, f in files.items():
-            dec, _ = _best(lambda f=f: raw_decode(f), args.repeats)
+        # The last row writes uncompressed Parquet (--compression none, ~5.6x the disk): what
+        # the LZ4 step costs, for comparison only.
+        for ext, compression in ((".dbn", "lz4"), (".dbn.zst", "lz4"), (".dbn.zst", "none")):
+            f = files[ext]
 
-            def ingest(f=f):
-                run_ingest(IngestConfig(raw=f.parent, out=tmp / "out", workers=1, force=True))
+            def ingest(f=f, compression=compression):
+                cfg = IngestConfig(
+                    raw=f.parent, out=tmp / "out", workers=1, force=True, compression=compression
+                )
+                run_ingest(cfg)
 
-            ing, _ = _best(ingest, args.repeats, setup=lambda: _clear(tmp / "out"))
-            print(f"{ext:10} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {dec / ing:6.0%}")
+            dec, ing, ratio = _paired(
+                lambda f=f: raw_decode(f), ingest, args.repeats, lambda: _clear(tmp / "out")
+            )
+            name = ext if compression == "lz4" else f"{ext} (Parquet uncompressed)"
+            print(f"{name:10} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {ratio:6.0%}")
 
         # The demo layout: one MBP-10 file per root and day, all cores for decode and ingest.
         cores = os.cpu_count() or 1
@@ -173,16 +193,20 @@ def main() -> None:
             for f in sorted(raw.rglob("*.dbn*")):
                 if f not in files:
                     f.unlink()
-            with mp.get_context("fork").Pool(cores) as pool:
-                dec, _ = _best(lambda files=files: sum(pool.map(raw_decode, files)), args.repeats)
             n = sum(raw_decode(f) for f in files)
 
             def ingest(raw=raw):
                 run_ingest(IngestConfig(raw=raw, out=tmp / "out-month", force=True))
 
-            ing, _ = _best(ingest, args.repeats, setup=lambda: _clear(tmp / "out-month"))
+            with mp.get_context("fork").Pool(cores) as pool:
+                dec, ing, ratio = _paired(
+                    lambda files=files: sum(pool.map(raw_decode, files)),
+                    ingest,
+                    args.repeats,
+                    lambda: _clear(tmp / "out-month"),
+                )
             ext = ".dbn.zst" if compress else ".dbn"
-            print(f"{ext:10} {n:10,} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {dec / ing:6.0%}")
+            print(f"{ext:10} {n:10,} {n / dec / 1e6:15.2f} {n / ing / 1e6:11.2f} {ratio:6.0%}")
             del res
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
