@@ -271,10 +271,10 @@ def iter_column_chunks(
 ) -> tuple[DbnHeader, Iterator[ColumnChunk]]:
     """Like `iter_chunks`, but each chunk comes as columns (`RecordColumns`) with every column
     already extracted. The file is read in cache-sized pieces, each transposed straight into
-    the chunk's columns, so no chunk-sized record array is ever filled: less memory in flight
-    per chunk (fresh memory costs the kernel's page zeroing) and one pass over it fewer.
-    Records whose size is not a multiple of 8 bytes (no schema foxhunt reads has such) come
-    through record chunks."""
+    the chunk's columns, so no chunk-sized record array is ever filled (one pass over memory
+    fewer), and under `read_ahead` the transposes run on the reader thread with the
+    decompression. Records whose size is not a multiple of 8 bytes (no schema foxhunt reads
+    has such) come through record chunks."""
     path = Path(path)
     stream, header = _open(path, hasher)
     size = header.dtype.itemsize
