@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from foxhunt.dbn.columns import RecordColumns
-from foxhunt.dbn.layout import UNDEF_PRICE, SchemaLayout
+from foxhunt.dbn.layout import LEVELS, UNDEF_PRICE, SchemaLayout
 
 RULE_RTYPE = "record type does not belong to the file's schema"
 RULE_LENGTH = "record length field does not match the schema's record size"
@@ -61,7 +61,7 @@ def check_chunk(
     if "bid_px_00" in names:  # MBP-10: the event price and every occupied level
         priced = _PRICED[recs["action"].view(np.uint8)]
         bad_px |= priced & ((recs["price"] <= 0) | (recs["price"] == UNDEF_PRICE))
-        for i in range(10):
+        for i in range(LEVELS):
             for side in ("bid", "ask"):
                 px, sz = cols[f"{side}_px_{i:02d}"], cols[f"{side}_sz_{i:02d}"]
                 bad_px |= (sz > 0) & ((px <= 0) | (px == UNDEF_PRICE))

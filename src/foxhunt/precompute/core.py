@@ -30,6 +30,7 @@ from foxhunt.fxcache import FxCache, cache_key, lookup, publish
 from foxhunt.precompute import features as F
 from foxhunt.precompute.orderflow import (
     OFI_NAMES,
+    PRICE_SCALE,
     OrderFlowParams,
     aggregate_bars,
     concat_aggregates,
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 # Bump when the meaning of any cached value changes (features, OFI, bars, roll rule).
 FEATURE_VERSION = f"{F.CATALOGUE_VERSION}.1"
-PRICE_SCALE = 1e-9
 _UNITS = {"s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 
 

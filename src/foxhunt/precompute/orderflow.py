@@ -29,12 +29,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from foxhunt.dbn.layout import LEVELS
+from foxhunt.dbn.layout import LEVELS, UNDEF_PRICE
 from foxhunt.precompute.features import window_sum
 
 OFI_LEVELS = 5
-UNDEF_PRICE = np.iinfo(np.int64).max
-PRICE_SCALE = 1e-9
+PRICE_SCALE = 1e-9  # quote currency per fixed-point price unit
 OFI_NAMES = (
     "ofi_l1",
     "mlofi_5",

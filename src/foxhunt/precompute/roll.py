@@ -26,6 +26,7 @@ from itertools import pairwise
 
 import numpy as np
 
+from foxhunt.precompute.orderflow import PRICE_SCALE
 from foxhunt.precompute.source import ContractInfo, to_date
 
 log = logging.getLogger(__name__)
@@ -45,8 +46,8 @@ class Roll:
             "date": to_date(self.date).isoformat(),
             "from": self.frm,
             "to": self.to,
-            "from_last_price": self.frm_price * 1e-9,
-            "to_last_price": self.to_price * 1e-9,
+            "from_last_price": self.frm_price * PRICE_SCALE,
+            "to_last_price": self.to_price * PRICE_SCALE,
             "factor": self.factor,
         }
 
