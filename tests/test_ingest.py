@@ -451,3 +451,14 @@ def test_record_columns_subsets_of_subsets():
     assert sub.recs.tobytes() == want.tobytes()
     head = np.ascontiguousarray(want).view(np.uint8).reshape(50, -1)[:, :48]
     assert np.array_equal(sub.header_words(), np.ascontiguousarray(head).view(np.uint64).T)
+
+
+def test_every_record_layout_is_whole_words():
+    """The column reader transposes records as [n, size // 8] u64 words."""
+    from foxhunt.dbn.layout import SCHEMAS
+
+    for name, layout in SCHEMAS.items():
+        for version in (1, 2, 3):
+            for ts_out in (False, True):
+                size = layout.dtype(version, ts_out).itemsize
+                assert size % 8 == 0, (name, version, ts_out, size)

@@ -273,18 +273,10 @@ def iter_column_chunks(
     already extracted. The file is read in cache-sized pieces, each transposed straight into
     the chunk's columns, so no chunk-sized record array is ever filled (one pass over memory
     fewer), and under `read_ahead` the transposes run on the reader thread with the
-    decompression. Records whose size is not a multiple of 8 bytes (no schema foxhunt reads
-    has such) come through record chunks."""
+    decompression. Every record layout is a whole number of 8-byte words (a test checks)."""
     path = Path(path)
     stream, header = _open(path, hasher)
     size = header.dtype.itemsize
-    if size % 8:
-        chunks = _record_chunks(stream, header, path, chunk_records, allow_truncated_tail)
-        cols = (
-            ColumnChunk(RecordColumns(c.records).materialize(), c.first_index, c.first_offset)
-            for c in chunks
-        )
-        return header, cols
 
     def gen() -> Iterator[ColumnChunk]:
         per_piece = max(PIECE_BYTES // size, 1)
