@@ -24,7 +24,7 @@ KEY = "db-TESTKEYabcdefghijklmnopqrstuvw"  # the shape of a Databento key, not a
 class FakeDatabento(http.server.BaseHTTPRequestHandler):
     cost = 1.25
     calls: ClassVar[list] = []
-    payload: bytes = b""
+    payload = None  # the day's file (zstd DBN) for a start date, as the API streams it
 
     def log_message(self, *a):  # keep test output quiet
         pass
@@ -51,7 +51,7 @@ class FakeDatabento(http.server.BaseHTTPRequestHandler):
         if self.path == "/v0/metadata.get_cost":
             self._send(json.dumps(type(self).cost).encode(), "application/json")
         elif self.path == "/v0/timeseries.get_range":
-            self._send(type(self).payload, "application/octet-stream")
+            self._send(type(self).payload(form["start"][:10]), "application/octet-stream")
         else:
             self.send_response(400)
             self.end_headers()
@@ -96,20 +96,26 @@ def api(tmp_path, monkeypatch):
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     FakeDatabento.calls = []
     FakeDatabento.cost = 1.25
-    # A one-day trades file, as the API streams it (zstd DBN).
+    # A one-day trades file of the day asked for, as the API streams it (zstd DBN).
     import numpy as np
 
     from foxhunt.dbn.layout import TRADE_DTYPE
 
-    recs = np.zeros(3, dtype=TRADE_DTYPE)
-    recs["length"], recs["rtype"], recs["instrument_id"], recs["publisher_id"] = 12, 0, 5, 1
-    recs["ts_event"] = recs["ts_recv"] = 1_704_205_800_000_000_000 + np.arange(3)
-    recs["price"], recs["size"], recs["action"], recs["side"] = 4_800_000_000_000, 1, b"T", b"B"
-    meta = encode_metadata(
-        "GLBX.MDP3", "trades", 0, 10**18, {"ES.FUT": 5}, dt.date(2024, 1, 2), dt.date(2024, 1, 3)
-    )
-    write_dbn(tmp_path / "payload.dbn.zst", meta, recs)
-    FakeDatabento.payload = (tmp_path / "payload.dbn.zst").read_bytes()
+    def payload(start: str) -> bytes:
+        day = dt.date.fromisoformat(start)
+        recs = np.zeros(3, dtype=TRADE_DTYPE)
+        recs["length"], recs["rtype"], recs["instrument_id"], recs["publisher_id"] = 12, 0, 5, 1
+        t0 = int(np.datetime64(day, "ns").astype(np.int64)) + 14 * 3_600_000_000_000
+        recs["ts_event"] = recs["ts_recv"] = t0 + np.arange(3)
+        recs["price"], recs["size"] = 4_800_000_000_000, 1
+        recs["action"], recs["side"] = b"T", b"B"
+        meta = encode_metadata(
+            "GLBX.MDP3", "trades", 0, 10**18, {"ES.FUT": 5}, day, day + dt.timedelta(days=1)
+        )
+        write_dbn(tmp_path / f"payload-{start}.dbn.zst", meta, recs)
+        return (tmp_path / f"payload-{start}.dbn.zst").read_bytes()
+
+    FakeDatabento.payload = staticmethod(payload)
     monkeypatch.setenv("DATABENTO_GATEWAY", f"127.0.0.1:{srv.server_address[1]}")
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(cert))
     monkeypatch.setenv(KEY_ENV, KEY)

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from foxhunt.folds import FoldError, FoldSpec, make_folds
+from foxhunt.folds import FoldError, FoldSpec, check_folds, make_folds
 from foxhunt.fxcache import publish
 
 MIN = 60_000_000_000
@@ -151,3 +151,45 @@ def test_cli_writes_json_with_difficulty(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "foxhunt.cli", "folds", "--cache", str(tmp_path),
                           "--symbol", "NQ"], capture_output=True, text=True)  # fmt: skip
     assert bad.returncode == 1 and "no fxcache for symbol 'NQ'" in bad.stderr
+
+
+def test_folds_write_by_default_where_train_looks(tmp_path, monkeypatch):
+    from foxhunt.folds import FoldsConfig, run_folds
+    from foxhunt.train import TrainConfig
+
+    ts = calendar(400, bars_per_day=20)
+    n = len(ts)
+    arrays = {"features": np.ones((n, 42), np.float32), "ofi": np.zeros((n, 8), np.float32),
+              "targets": np.ones((n, 4)), "timestamps": ts}  # fmt: skip
+    publish(tmp_path / "data" / "fxcache", "k", arrays, {"symbol": "ES", "bar_size": "1m"})
+    monkeypatch.chdir(tmp_path)
+    out, _ = run_folds(FoldsConfig())
+    assert out == TrainConfig().folds and out.is_file()
+
+
+def _folds_doc(n=10_000):
+    spec = FoldSpec(min_train_bars=10, min_eval_bars=10)
+    folds, _ = make_folds(calendar(400, bars_per_day=20)[:n], spec)
+    doc = {"folds": [f.as_json() for f in folds], "spec": {"purge_bars": 3, "embargo_bars": 60}}
+    return doc, len(calendar(400, bars_per_day=20)[:n])
+
+
+def test_check_folds_accepts_what_make_folds_writes_and_names_each_broken_rule():
+    doc, n = _folds_doc()
+    check_folds(doc["folds"], n, doc["spec"])
+    f0 = doc["folds"][0]
+    cases = [
+        ({"val_start": f0["train_end"] + 1}, "purge must be at least 3"),
+        ({"test_start": f0["val_end"]}, "embargo must be at least 60"),
+        ({"val_start": f0["train_start"] + 5}, "val starts at bar"),
+        ({"test_end": n + 1}, "outside the cache"),
+        ({"train_start": -1}, "outside the cache"),
+        ({"val_end": f0["val_start"] + 1}, "fewer than 2 bars"),
+        ({"train_end": 1.5}, "must be an integer"),
+    ]
+    for change, message in cases:
+        bad = [{**f0, **change}, *doc["folds"][1:]]
+        with pytest.raises(FoldError, match=message):
+            check_folds(bad, n, doc["spec"])
+    with pytest.raises(FoldError, match="appears twice"):
+        check_folds([f0, f0], n, doc["spec"])

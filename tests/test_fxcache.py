@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import multiprocessing as mp
 import subprocess
@@ -17,6 +18,7 @@ from foxhunt.fxcache import (
     cache_key,
     get_or_compute,
     list_caches,
+    lookup,
     publish,
     verify,
 )
@@ -100,7 +102,7 @@ def test_corruption_is_reported_and_recomputed(tmp_path, caplog):
     data[-5] ^= 0xFF  # same size, one flipped byte: only the checksum sees it
     f.write_bytes(bytes(data))
     problems = verify(path)
-    assert problems and "features.npy: checksum" in problems[0]
+    assert problems and "features.npy: checksum mismatch" in problems[0]
     f.write_bytes(bytes(data[:-100]))  # truncated: the cheap structure check sees it
     caplog.set_level(logging.INFO)
     c, hit = get_or_compute(tmp_path, "k", lambda: (_arrays(), META))
@@ -171,8 +173,61 @@ def test_cli_ls_and_verify(tmp_path):
     data[-1] ^= 1
     f.write_bytes(bytes(data))
     out = subprocess.run([*run, "verify", "--root", str(tmp_path)], capture_output=True, text=True)
-    assert out.returncode == 1 and "DAMAGED" in out.stdout and "ofi.npy: checksum" in out.stdout
+    assert out.returncode == 1 and "DAMAGED" in out.stdout and "ofi.npy: checksum mi" in out.stdout
     # moved aside, so the next lookup is a miss and the cache is computed again
     assert not (tmp_path / "k1").exists() and list(tmp_path.glob(".corrupt-k1-*"))
     c, hit = get_or_compute(tmp_path, "k1", lambda: (_arrays(10), META))
     assert not hit and verify(c.path) == []
+
+
+def test_verify_judges_only_fxcaches_and_says_when_there_is_none(tmp_path):
+    """`verify --root data` must not move `data/ingested` (a directory with a manifest.json of
+    another kind) aside as a damaged cache."""
+    data = tmp_path / "data"
+    publish(data / "fxcache", "k1", _arrays(10), META)
+    (data / "ingested").mkdir()
+    (data / "ingested" / "manifest.json").write_text('{"inputs": [], "settings": {}}')
+    (data / "folds").mkdir()
+    run = [sys.executable, "-m", "foxhunt.cli", "fxcache", "verify"]
+    out = subprocess.run([*run, "--root", str(data)], capture_output=True, text=True)
+    assert out.returncode == 1 and "no fxcache there" in out.stderr, out.stderr
+    assert sorted(p.name for p in data.iterdir()) == ["folds", "fxcache", "ingested"]
+    for args, what in (
+        (["--root", str(tmp_path / "nowhere")], "no such cache root"),
+        (["--root", str(data / "fxcache"), "--key", "nokey"], "no fxcache nokey"),
+    ):
+        out = subprocess.run([*run, *args], capture_output=True, text=True)
+        assert out.returncode == 1 and what in out.stderr, out.stderr
+    # --root naming one cache verifies it
+    out = subprocess.run([*run, "--root", str(data / "fxcache" / "k1")], capture_output=True,
+                         text=True)  # fmt: skip
+    assert out.returncode == 0 and "k1  ok" in out.stdout
+    assert [r["key"] for r in list_caches(data)] == []  # `data` itself holds no cache
+
+
+def test_open_refuses_flipped_bytes_and_names_the_command(tmp_path):
+    path = publish(tmp_path, "k", _arrays(), META)
+    f = path / "targets.npy"
+    data = bytearray(f.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    f.write_bytes(bytes(data))
+    with pytest.raises(FxCacheError, match=r"targets.npy: checksum mismatch.*fxcache verify"):
+        FxCache.open(tmp_path, "k")
+    # a lookup (precompute's hit test) reads the same checksums: a miss, moved aside
+    assert lookup(tmp_path, "k") is None and not path.exists()
+
+
+def test_a_manifest_without_crc32_is_checked_by_sha256(tmp_path):
+    """Caches written before the CRC-32 was recorded are still verified on open."""
+    path = publish(tmp_path, "k", _arrays(), META)
+    m = json.loads((path / "manifest.json").read_text())
+    for info in m["files"].values():
+        del info["crc32"]
+    (path / "manifest.json").write_text(json.dumps(m))
+    FxCache.open(tmp_path, "k")
+    f = path / "ofi.npy"
+    data = bytearray(f.read_bytes())
+    data[-3] ^= 1
+    f.write_bytes(bytes(data))
+    with pytest.raises(FxCacheError, match=r"ofi\.npy: checksum mismatch, sha256"):
+        FxCache.open(tmp_path, "k")

@@ -206,10 +206,26 @@ def test_quarantine_sets_bad_records_aside_and_counts_them(tmp_path, rule):
     res = _ingest(tmp_path / "raw", tmp_path / "out", on_error="quarantine")
     man = load_manifest(tmp_path / "out")
     q = man["validation"]["quarantined"]["glbx-mdp3-20240102.mbp-10.dbn"]
-    assert sum(q.values()) >= 1 and any(rule.strip() in k for k in q)
-    assert res.files[0].written == 50 - sum(q.values())
+    if rule.startswith(("record type", "record length")):
+        # The fixed-size framing is lost: the file is set aside whole, nothing of it written.
+        assert q == {f"whole file not decodable as mbp-10: {_rule(rule)} at record {idx}": 50}
+        assert res.files[0].written == 0 and man["rows_per_partition"] == {}
+        assert not list((tmp_path / "out").rglob("*.parquet"))
+        return
+    # Exactly the one offending record is set aside, counted once, under its rule.
+    assert q == {_rule(rule): 1}
+    assert res.files[0].written == 49
     bad = pl.read_parquet(tmp_path / "out" / "quarantine" / "**" / "*.parquet")
-    assert idx in bad["record_index"].to_list()
+    assert bad["record_index"].to_list() == [idx]
+    good = pl.read_parquet(tmp_path / "out" / "schema=mbp-10" / "**" / "*.parquet")
+    assert good["sequence"].to_list() == [i + 1 for i in range(50) if i != idx]
+
+
+def _rule(prefix: str) -> str:
+    from foxhunt.ingest import validate
+
+    rules = [v for k, v in vars(validate).items() if k.startswith("RULE_")]
+    return next(r for r in rules if r.startswith(prefix.strip()))
 
 
 def test_truncated_file(tmp_path):
@@ -222,7 +238,10 @@ def test_truncated_file(tmp_path):
         _ingest(tmp_path / "raw", tmp_path / "out")
     res = _ingest(tmp_path / "raw", tmp_path / "out", on_error="quarantine")
     assert res.files[0].written == 49
-    assert load_manifest(tmp_path / "out")["validation"]["quarantined"]
+    v = load_manifest(tmp_path / "out")["validation"]
+    assert v["quarantined"] == {}
+    assert v["truncated"][path.name]["after_record"] == 49
+    assert "TRUNCATED" in res.summary()
 
 
 def test_corrupt_and_truncated_zstd(tmp_path):
@@ -424,14 +443,14 @@ def test_column_chunks_equal_the_records_whatever_the_pieces(tmp_path, monkeypat
                 assert np.array_equal(c.columns[field], want[field]), (piece, chunk, field)
             assert c.columns.recs.tobytes() == want.tobytes()
     # A partial last record: an error naming it, or with the allowance the whole records
-    # first and then TruncatedTail.
+    # first and then Truncated.
     write_dbn(path, meta, raw[:-100].tobytes())
     _, chunks = dbn_io.iter_column_chunks(path, 300)
     with pytest.raises(dbn_io.DbnFormatError, match=r"record 999 .*268 of 368"):
         list(chunks)
-    _, chunks = dbn_io.iter_column_chunks(path, 300, allow_truncated_tail=True)
+    _, chunks = dbn_io.iter_column_chunks(path, 300, allow_truncated=True)
     seen = []
-    with pytest.raises(dbn_io.TruncatedTail):
+    with pytest.raises(dbn_io.Truncated):
         for c in chunks:
             seen.append(len(c.columns))
     assert seen == [300, 300, 300, 99]

@@ -94,6 +94,24 @@ def test_second_run_is_a_hit_and_does_no_work(computed, roll_data, monkeypatch, 
     assert "no work" in again.summary()
 
 
+def test_a_cache_with_flipped_bytes_is_no_hit(computed, roll_data, tmp_path, caplog):
+    """Same size, one byte changed: the checksum sees it, and precompute computes afresh."""
+    import shutil
+
+    res, _ = computed
+    out = tmp_path / "fxcache"
+    shutil.copytree(res.out, out)
+    key = res.symbols[0].key
+    f = out / key / "ofi.npy"
+    data = bytearray(f.read_bytes())
+    data[-7] ^= 0x01
+    f.write_bytes(bytes(data))
+    caplog.set_level(logging.INFO)
+    again = run_precompute(PrecomputeConfig(data=roll_data, out=out, symbols=("ES",)))
+    assert not again.symbols[0].hit and f"fxcache {key} is damaged" in caplog.text
+    assert verify(out / key) == [] and list(out.glob(f".corrupt-{key}-*"))
+
+
 def test_key_changes_with_parameters(computed, roll_data):
     res, _ = computed
     cfg = PrecomputeConfig(data=roll_data, out=res.out)

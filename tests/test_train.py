@@ -14,7 +14,6 @@ import torch
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
-from foxhunt.train.core import TrainError
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 
 TINY = DQNConfig(
@@ -202,8 +201,8 @@ def test_cli_train_and_its_errors(demo_es, tmp_path, capsys):
     assert rc == 0 and "fold  0" in out and "test Sharpe" in out
     assert main(["train", "--folds", str(tmp_path / "nope.json")]) == 1
     assert "nope.json: no such folds file" in capsys.readouterr().err
-    with pytest.raises(TrainError, match="epochs = 0"):
-        run_train(TrainConfig(folds=folds, cache=cache, epochs=0, tracking="none"))
+    with pytest.raises(ValueError, match="epochs = 0"):
+        TrainConfig(folds=folds, cache=cache, epochs=0, tracking="none")
 
 
 def test_resume_file_from_another_tracking_store_starts_new_runs(demo_es, tmp_path):

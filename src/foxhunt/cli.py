@@ -26,13 +26,14 @@ from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from foxhunt.folds import FoldError, FoldsConfig, run_folds
+from foxhunt.fsutil import OutputError
 from foxhunt.fxcache import FxCacheError, list_caches, verify
 from foxhunt.fxcache.store import quarantine
 from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
 from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
 from foxhunt.precompute.source import SourceError
 from foxhunt.report import ReportConfig, ReportError, run_report
-from foxhunt.synth.generate import SynthConfig, generate
+from foxhunt.synth.generate import SynthConfig, SynthError, generate
 from foxhunt.train import TrainConfig, TrainError, run_train
 
 console = Console(stderr=True)
@@ -80,7 +81,10 @@ class FxcacheCommand:
 
 
 def cmd_fxcache(cfg: FxcacheCommand) -> int:
+    if not cfg.root.is_dir():
+        raise FxCacheError(f"{cfg.root}: no such cache root")
     rows = [r for r in list_caches(cfg.root) if cfg.key in (None, r["key"])]
+    paths = [r["path"] for r in rows]
     if cfg.action == "ls":
         if not rows:
             print(f"no caches under {cfg.root}")
@@ -90,15 +94,21 @@ def cmd_fxcache(cfg: FxcacheCommand) -> int:
                 f"{r['rows']:>10,} rows  {r['bytes'] / 1e6:9.1f} MB"
             )
         return 0
+    if not paths:
+        what = f"fxcache {cfg.key}" if cfg.key else "fxcache"
+        raise FxCacheError(
+            f"{cfg.root}: no {what} there (a cache is a directory holding an fxcache "
+            "manifest.json); nothing verified"
+        )
     bad = 0
-    for r in rows:
-        problems = verify(cfg.root / r["key"])
+    for path in paths:
+        problems = verify(path)
         if problems:
             bad += 1
-            moved = quarantine(cfg.root / r["key"])
-            print(f"{r['key']}  DAMAGED: " + "; ".join(problems) + f" (moved to {moved.name})")
+            moved = quarantine(path)
+            print(f"{path.name}  DAMAGED: " + "; ".join(problems) + f" (moved to {moved.name})")
         else:
-            print(f"{r['key']}  ok")
+            print(f"{path.name}  ok")
     if bad:
         print(f"{bad} damaged cache(s): the next precompute recomputes them")
     return 1 if bad else 0
@@ -153,6 +163,8 @@ def cmd_report(cfg: ReportConfig) -> int:
 
 # Errors a step raises for bad input or missing data: one line naming what is wrong, exit 1.
 STEP_ERRORS = (
+    OutputError,
+    SynthError,
     IngestError,
     PrecomputeError,
     SourceError,

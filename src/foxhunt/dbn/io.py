@@ -24,6 +24,7 @@ import zstandard
 from foxhunt.dbn.buffers import POOL, POOLED_BYTES
 from foxhunt.dbn.columns import RecordColumns, transpose_into
 from foxhunt.dbn.layout import SCHEMAS, SUPPORTED_VERSIONS, SchemaLayout
+from foxhunt.fsutil import temp_path
 
 DBN_MAGIC = b"DBN"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -65,22 +66,127 @@ class DbnHeader:
         return out
 
 
-class _HashingFile:
-    """A read-only file that feeds every byte read into a hash: the input's digest comes from
-    the one pass that decodes it, not from reading the file a second time."""
+class ZstdFrames:
+    """Follows the frame structure of a zstd stream as its bytes go by (RFC 8878, section 3):
+    frame headers, block headers, content checksums and skippable frames. zstd's streaming
+    decoder returns end-of-data for a stream cut at any block boundary (a download or copy cut
+    short reads as a shorter, valid file); `problem()` after the last byte says whether the
+    stream ended anywhere but at the end of a frame. Block bodies are skipped, not parsed, so
+    following a stream costs a few Python steps per 128 KB block."""
 
-    def __init__(self, f: BinaryIO, hasher) -> None:
-        self.f, self.hasher = f, hasher
+    # States whose bytes are parsed (kept); the others (header rest, block bodies) are skipped.
+    _PARSE = frozenset(("magic", "descriptor", "block", "skip_size"))
+
+    def __init__(self) -> None:
+        self.pos = 0  # compressed bytes seen
+        self.state, self.need = "magic", 4
+        self.buf = bytearray()
+        self.frames = 0
+        self.checksum = False
+        self.error: str | None = None
+        self.started = 0  # where the current frame started
+
+    def update(self, data) -> None:
+        view, i, n = memoryview(data), 0, len(data)
+        while i < n and self.error is None:
+            take = min(self.need, n - i)
+            if self.state in self._PARSE:
+                self.buf += view[i : i + take]
+            i += take
+            self.pos += take
+            self.need -= take
+            if self.need == 0:
+                self._next()
+
+    def _next(self) -> None:
+        b, st = bytes(self.buf), self.state
+        self.buf.clear()
+        if st == "magic":
+            (magic,) = struct.unpack("<I", b)
+            self.started = self.pos - 4
+            if magic == 0xFD2FB528:
+                self.state, self.need = "descriptor", 1
+            elif SKIPPABLE_MAGIC_LOW <= magic <= SKIPPABLE_MAGIC_LOW + 15:
+                self.state, self.need = "skip_size", 4
+            else:
+                self.error = f"no zstd frame starts at compressed byte {self.started}"
+        elif st == "descriptor":
+            d = b[0]
+            single, did = (d >> 5) & 1, d & 3
+            self.checksum = bool((d >> 2) & 1)
+            if (d >> 3) & 1:
+                self.error = f"reserved bit set in the zstd frame at byte {self.started}"
+                return
+            fcs = (single, 2, 4, 8)[d >> 6]
+            self.state, self.need = "header_rest", (1 - single) + (0, 1, 2, 4)[did] + fcs
+            if self.need == 0:
+                self.state, self.need = "block", 3
+        elif st == "header_rest":
+            self.state, self.need = "block", 3
+        elif st == "block":
+            v = b[0] | b[1] << 8 | b[2] << 16
+            last, kind, size = v & 1, (v >> 1) & 3, v >> 3
+            if kind == 3:
+                self.error = f"reserved block type at compressed byte {self.pos - 3}"
+                return
+            self.state = "last_body" if last else "body"
+            self.need = 1 if kind == 1 else size  # an RLE block stores one byte
+            if self.need == 0:
+                self._next()
+        elif st == "body":
+            self.state, self.need = "block", 3
+        elif st == "last_body":
+            self.state, self.need = ("checksum", 4) if self.checksum else ("magic", 4)
+            if not self.checksum:
+                self.frames += 1
+        elif st == "checksum":
+            self.state, self.need = "magic", 4
+            self.frames += 1
+        elif st == "skip_size":
+            self.state, self.need = "skip_body", struct.unpack("<I", b)[0]
+            if self.need == 0:
+                self.state, self.need = "magic", 4
+        elif st == "skip_body":
+            self.state, self.need = "magic", 4
+
+    def problem(self) -> str | None:
+        """None when the stream seen so far ends at the end of a frame; else what is wrong."""
+        if self.error:
+            return self.error
+        if self.state == "magic" and self.need == 4 and self.frames:
+            return None
+        where = {
+            "checksum": "inside the content checksum",
+            "block": "inside a block header" if self.buf else "after a block that is not the last",
+            "body": "inside a block",
+            "last_body": "inside the last block",
+        }.get(self.state, "inside the header")
+        return (
+            f"truncated zstd stream: the file ends {where} of the zstd frame that "
+            f"starts at compressed byte {self.started} ({self.pos} bytes read); the download "
+            "or copy was cut short"
+        )
+
+
+class _TappedFile:
+    """A read-only file that hands every byte read to `taps` (a hash, a `ZstdFrames`): the
+    input's digest and framing come from the one pass that decodes it."""
+
+    def __init__(self, f: BinaryIO, taps: list) -> None:
+        self.f, self.taps = f, taps
 
     def read(self, n: int = -1) -> bytes:
         b = self.f.read(n)
-        self.hasher.update(b)
+        for t in self.taps:
+            t.update(b)
         return b
 
     def readinto(self, buf) -> int:
         k = self.f.readinto(buf)
         if k:
-            self.hasher.update(memoryview(buf)[:k])
+            with memoryview(buf) as view:
+                for t in self.taps:
+                    t.update(view[:k])
         return k
 
     def close(self) -> None:
@@ -93,15 +199,18 @@ class _HashingFile:
         self.close()
 
 
-def _open_decompressed(path: Path, hasher=None) -> tuple[BinaryIO, bool]:
+def _open_decompressed(path: Path, hasher=None) -> tuple[BinaryIO, ZstdFrames | None]:
+    """The decompressed stream, and for zstd the `ZstdFrames` that follows its framing."""
     f = open(path, "rb")
     head = f.read(4)
     f.seek(0)
-    if hasher is not None:
-        f = _HashingFile(f, hasher)
-    if head == ZSTD_MAGIC:
+    frames = ZstdFrames() if head == ZSTD_MAGIC else None
+    taps = [t for t in (hasher, frames) if t is not None]
+    if taps:
+        f = _TappedFile(f, taps)
+    if frames is not None:
         reader = zstandard.ZstdDecompressor().stream_reader(f, read_across_frames=True)
-        return reader, True
+        return reader, frames
     if (
         len(head) == 4
         and SKIPPABLE_MAGIC_LOW <= struct.unpack("<I", head)[0] <= SKIPPABLE_MAGIC_LOW + 15
@@ -113,7 +222,7 @@ def _open_decompressed(path: Path, hasher=None) -> tuple[BinaryIO, bool]:
             "convert it with `dbn --upgrade` or download it again as DBN",
             "byte 0",
         )
-    return f, False
+    return f, None
 
 
 def _fill(stream: BinaryIO, view: memoryview, path: Path) -> int:
@@ -191,10 +300,10 @@ class Chunk:
     """Byte offset (in the decompressed stream) of the chunk's first record."""
 
 
-def _open(path: Path, hasher) -> tuple[BinaryIO, DbnHeader]:
-    stream, compressed = _open_decompressed(path, hasher)
+def _open(path: Path, hasher) -> tuple[BinaryIO, DbnHeader, ZstdFrames | None]:
+    stream, frames = _open_decompressed(path, hasher)
     try:
-        return stream, read_header(stream, path, compressed)
+        return stream, read_header(stream, path, frames is not None), frames
     except BaseException:
         stream.close()
         raise
@@ -203,35 +312,48 @@ def _open(path: Path, hasher) -> tuple[BinaryIO, DbnHeader]:
 def _truncated(path: Path, header: DbnHeader, index: int, rest: int, allow: bool) -> Exception:
     """The error for a trailing partial record after `index` whole ones."""
     size = header.dtype.itemsize
-    if allow:
-        return TruncatedTail(path, index, rest, size)
-    return DbnFormatError(
-        path,
-        f"truncated file: last record has {rest} of {size} bytes",
-        f"record {index} (byte {header.header_bytes + index * size})",
-    )
+    rule = f"truncated file: last record has {rest} of {size} bytes"
+    where = f"record {index} (byte {header.header_bytes + index * size})"
+    return Truncated(path, index, rule, where) if allow else DbnFormatError(path, rule, where)
+
+
+def _check_end(path: Path, frames: ZstdFrames | None, index: int, allow: bool) -> None:
+    """At the end of the decompressed stream: raise unless the zstd framing ended whole."""
+    if frames is not None and (problem := frames.problem()):
+        where = f"record {index}"
+        raise (
+            Truncated(path, index, problem, where)
+            if allow
+            else DbnFormatError(path, problem, where)
+        )
 
 
 def iter_chunks(
     path: os.PathLike | str,
     chunk_records: int = 1 << 18,
-    allow_truncated_tail: bool = False,
+    allow_truncated: bool = False,
     hasher=None,
 ) -> tuple[DbnHeader, Iterator[Chunk]]:
     """The header, and an iterator over the records in chunks of at most `chunk_records`.
 
-    Memory stays bounded by one chunk. A trailing partial record is an error, or with
-    `allow_truncated_tail` it is dropped and reported through `TruncatedTail` at the end.
+    Memory stays bounded by one chunk. A file that ends early (a partial last record, a zstd
+    frame cut short) is an error, or with `allow_truncated` the whole records before the cut
+    are yielded and `Truncated` is raised at the end.
     A `hasher` (hashlib object) receives the file's bytes as they are read; once the iterator
     is exhausted it holds the digest of the whole file.
     """
     path = Path(path)
-    stream, header = _open(path, hasher)
-    return header, _record_chunks(stream, header, path, chunk_records, allow_truncated_tail)
+    stream, header, frames = _open(path, hasher)
+    return header, _record_chunks(stream, header, frames, path, chunk_records, allow_truncated)
 
 
 def _record_chunks(
-    stream: BinaryIO, header: DbnHeader, path: Path, chunk_records: int, allow: bool
+    stream: BinaryIO,
+    header: DbnHeader,
+    frames: ZstdFrames | None,
+    path: Path,
+    chunk_records: int,
+    allow: bool,
 ) -> Iterator[Chunk]:
     itemsize = header.dtype.itemsize
     index = 0
@@ -246,6 +368,7 @@ def _record_chunks(
             if rest := len(buf) - whole * itemsize:
                 raise _truncated(path, header, index, rest, allow)
             if len(buf) < itemsize * chunk_records:
+                _check_end(path, frames, index, allow)
                 return
 
 
@@ -266,7 +389,7 @@ PIECE_BYTES = 1 << 19
 def iter_column_chunks(
     path: os.PathLike | str,
     chunk_records: int = 1 << 17,
-    allow_truncated_tail: bool = False,
+    allow_truncated: bool = False,
     hasher=None,
 ) -> tuple[DbnHeader, Iterator[ColumnChunk]]:
     """Like `iter_chunks`, but each chunk comes as columns (`RecordColumns`) with every column
@@ -275,7 +398,7 @@ def iter_column_chunks(
     fewer), and under `read_ahead` the transposes run on the reader thread with the
     decompression. Every record layout is a whole number of 8-byte words (a test checks)."""
     path = Path(path)
-    stream, header = _open(path, hasher)
+    stream, header, frames = _open(path, hasher)
     size = header.dtype.itemsize
 
     def gen() -> Iterator[ColumnChunk]:
@@ -299,8 +422,9 @@ def iter_column_chunks(
                     yield ColumnChunk(cols, index, header.header_bytes + index * size)
                     index += n
                 if rest:
-                    raise _truncated(path, header, index, rest, allow_truncated_tail)
+                    raise _truncated(path, header, index, rest, allow_truncated)
                 if end:
+                    _check_end(path, frames, index, allow_truncated)
                     return
 
     return header, gen()
@@ -352,11 +476,14 @@ def read_ahead(items: Iterator[T], depth: int = 1) -> Iterator[T]:
         worker.join()
 
 
-class TruncatedTail(Exception):
-    def __init__(self, path: Path, index: int, rest: int, itemsize: int) -> None:
-        super().__init__(f"{path}: {rest} trailing bytes of a {itemsize}-byte record at {index}")
-        self.index = index
-        self.rest = rest
+class Truncated(Exception):
+    """The file ends early (a partial last record, or a zstd frame cut short) after `index`
+    whole records; raised in place of `DbnFormatError` when the caller accepts a truncated
+    file (quarantine), which then knows what it read and that the rest is missing."""
+
+    def __init__(self, path: Path, index: int, rule: str, where: str) -> None:
+        super().__init__(f"{path} at {where}: {rule}")
+        self.index, self.rule = index, rule
 
 
 def encode_metadata(
@@ -396,14 +523,15 @@ def encode_metadata(
 def write_dbn(
     path: os.PathLike | str, metadata: bytes, records: np.ndarray | bytes, level: int = 1
 ) -> int:
-    """Write a DBN file atomically (temporary file, then rename); `.zst` names are compressed."""
+    """Write a DBN file atomically (temporary file, then rename); `.zst` names are compressed,
+    with a content checksum as Databento's files carry (a flipped bit is then an error)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     payload = records if isinstance(records, bytes | bytearray | memoryview) else records.data
     with open(tmp, "wb") as f:
         if path.suffix == ".zst":
-            cctx = zstandard.ZstdCompressor(level=level)
+            cctx = zstandard.ZstdCompressor(level=level, write_checksum=True)
             with cctx.stream_writer(f, closefd=False) as w:
                 w.write(metadata)
                 w.write(payload)

@@ -1,6 +1,17 @@
-"""Walk-forward folds: train/val/test index ranges into an fxcache."""
+"""Walk-forward folds: train/val/test index ranges into an fxcache.
 
-from foxhunt.folds.core import FoldsConfig, run_folds
-from foxhunt.folds.walkforward import Fold, FoldError, FoldSpec, make_folds
+`walkforward` needs numpy only (the trainer checks folds with it on the GPU image); the
+`foxhunt folds` step (`FoldsConfig`, `run_folds`) is imported on first use.
+"""
 
-__all__ = ["Fold", "FoldError", "FoldSpec", "FoldsConfig", "make_folds", "run_folds"]
+from foxhunt.folds.walkforward import Fold, FoldError, FoldSpec, check_folds, make_folds
+
+__all__ = ["Fold", "FoldError", "FoldSpec", "FoldsConfig", "check_folds", "make_folds", "run_folds"]
+
+
+def __getattr__(name: str):
+    if name in ("FoldsConfig", "run_folds"):
+        from foxhunt.folds import core
+
+        return getattr(core, name)
+    raise AttributeError(f"module 'foxhunt.folds' has no attribute {name!r}")

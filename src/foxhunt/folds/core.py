@@ -17,7 +17,7 @@ from foxhunt.folds.walkforward import (
     with_difficulty,
 )
 from foxhunt.fsutil import write_text_atomic
-from foxhunt.fxcache import FxCache, list_caches
+from foxhunt.fxcache import FxCache, is_fxcache, list_caches
 from foxhunt.precompute.features import ADX_INDEX
 
 log = logging.getLogger(__name__)
@@ -34,13 +34,13 @@ class FoldsConfig:
     key: str | None = None
     """Cache key (default: the only cache of --symbol)."""
     out: Path | None = None
-    """Output JSON (default: data/folds/<symbol>-<key>.json)."""
+    """Output JSON (default: data/folds/<symbol>.json, where `foxhunt train` looks)."""
     spec: FoldSpec = field(default_factory=FoldSpec)
     """Fold lengths, window and gaps."""
 
 
 def find_cache(root: Path, symbol: str, key: str | None) -> FxCache:
-    if (root / "manifest.json").is_file():
+    if is_fxcache(root):
         return FxCache.open(root)
     if key:
         return FxCache.open(root, key)
@@ -72,7 +72,7 @@ def run_folds(cfg: FoldsConfig) -> tuple[Path, dict]:
         "folds": [f.as_json() for f in folds],
         "dropped": dropped,
     }
-    out = cfg.out or Path("data/folds") / f"{doc['symbol']}-{cache.key}.json"
+    out = cfg.out or Path("data/folds") / f"{doc['symbol']}.json"
     write_text_atomic(out, json.dumps(doc, indent=2))
     log.info("%d folds of %s written to %s", len(folds), cache.key, out)
     doc["picture"] = picture(folds, len(cache))

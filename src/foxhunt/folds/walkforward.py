@@ -166,6 +166,48 @@ def make_folds(timestamps: np.ndarray, spec: FoldSpec) -> tuple[list[Fold], list
     return folds, dropped
 
 
+RANGE_FIELDS = ("train_start", "train_end", "val_start", "val_end", "test_start", "test_end")
+
+
+def check_folds(folds: list[dict], rows: int, spec: dict | None = None) -> None:
+    """Raise `FoldError` unless every fold is a set of ranges a trainer can use without
+    look-ahead: integer bounds inside the `rows` bars of the cache, train before val before test
+    with no overlap, each range long enough to evaluate, and at least the purge and embargo gaps
+    the folds file declares (never less than one bar: a reward at bar t needs close[t+1])."""
+    spec = spec or {}
+    purge = max(int(spec.get("purge_bars", 1)), 1)
+    embargo = max(int(spec.get("embargo_bars", 1)), 1)
+    seen: set = set()
+    for i, f in enumerate(folds):
+        if not isinstance(f, dict):
+            raise FoldError(f"fold #{i}: not an object")
+        name = f"fold {f.get('fold', f'#{i}')}"
+        if f.get("fold") in seen:
+            raise FoldError(f"{name}: fold id appears twice")
+        seen.add(f.get("fold"))
+        for k in RANGE_FIELDS:
+            if type(f.get(k)) is not int:
+                raise FoldError(f"{name}: {k} = {f.get(k)!r}: must be an integer bar index")
+        a, b, c, d, e, g = (f[k] for k in RANGE_FIELDS)
+        if a < 0 or g > rows:
+            raise FoldError(
+                f"{name}: ranges [{a}, {g}) reach outside the cache's {rows} bars (0 .. {rows})"
+            )
+        for lo, hi, part in ((a, b, "train"), (c, d, "val"), (e, g, "test")):
+            if hi - lo < 2:
+                raise FoldError(f"{name}: {part} range [{lo}, {hi}) holds fewer than 2 bars")
+        if c - b < purge:
+            raise FoldError(
+                f"{name}: val starts at bar {c}, {c - b} bar(s) after train ends at {b}; the "
+                f"purge must be at least {purge} bar(s) so that no train reward sees val"
+            )
+        if e - d < embargo:
+            raise FoldError(
+                f"{name}: test starts at bar {e}, {e - d} bar(s) after val ends at {d}; the "
+                f"embargo must be at least {embargo} bar(s) so that no val reward sees test"
+            )
+
+
 def with_difficulty(folds: list[Fold], adx: np.ndarray) -> list[Fold]:
     """Each fold's difficulty: the mean ADX (feature 40) over its train range."""
     out = []

@@ -11,6 +11,11 @@ feature catalogue version), so equal inputs find the same directory. A cache is 
 temporary directory beside its final place and renamed into it: readers never see half a cache,
 and when two writers race for one key the first rename wins and the second finds the key taken,
 drops its copy and uses the winner's. `.npy` files open as zero-copy memory maps.
+
+Opening a cache checks every file against the CRC-32 its manifest records (one read at ~1 GB/s,
+cheap beside a training task), so flipped bytes are refused before anything trains on them;
+`foxhunt fxcache verify` checks the SHA-256 digests as well. A directory is judged as a cache
+only when its manifest is an fxcache manifest: nothing else under a root is ever touched.
 """
 
 from __future__ import annotations
@@ -21,11 +26,14 @@ import logging
 import os
 import shutil
 import uuid
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from foxhunt.fsutil import staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +45,8 @@ ARRAYS = {
     "timestamps": (np.int64, 1),
 }
 MANIFEST = "manifest.json"
+# Keys every fxcache manifest has (and an ingest manifest or any other JSON does not).
+MANIFEST_KEYS = ("schema_version", "key", "rows", "files")
 
 
 class FxCacheError(RuntimeError):
@@ -49,9 +59,41 @@ def cache_key(inputs: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+def _digests(path: Path, sha256: bool = True) -> dict[str, str]:
+    """CRC-32 (and SHA-256) of a file, in one pass."""
+    crc, sha = 0, hashlib.sha256() if sha256 else None
+    buf = bytearray(1 << 22)
+    with open(path, "rb", buffering=0) as f, memoryview(buf) as view:
+        while k := f.readinto(buf):
+            crc = zlib.crc32(view[:k], crc)
+            if sha is not None:
+                sha.update(view[:k])
+    out = {"crc32": f"{crc:08x}"}
+    if sha is not None:
+        out["sha256"] = sha.hexdigest()
+    return out
+
+
+def read_manifest(path: Path) -> dict | None:
+    """The fxcache manifest of directory `path`, or None when `path` is not an fxcache."""
+    try:
+        m = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(m, dict) or not all(k in m for k in MANIFEST_KEYS):
+        return None
+    return m
+
+
+def is_fxcache(path: Path) -> bool:
+    return path.is_dir() and read_manifest(path) is not None
+
+
+def verify_hint(path: Path) -> str:
+    return (
+        f"run `foxhunt fxcache verify --root {path.parent} --key {path.name}` (it moves a damaged "
+        "cache aside; the next precompute computes it again)"
+    )
 
 
 @dataclass
@@ -73,12 +115,16 @@ class FxCache:
         return len(self.timestamps)
 
     @classmethod
-    def open(cls, root: Path | str, key: str | None = None) -> FxCache:
-        """Open `root/key` (or `root` itself when it is a cache directory)."""
+    def open(cls, root: Path | str, key: str | None = None, check: bool = True) -> FxCache:
+        """Open `root/key` (or `root` itself when it is a cache directory). With `check`, every
+        file is read once against its manifest checksum: a damaged cache is refused."""
         path = Path(root) / key if key else Path(root)
         problems = check_structure(path)
+        if not problems and check:
+            problems = check_checksums(path, full=False)
         if problems:
-            raise FxCacheError(f"fxcache {path}: " + "; ".join(problems))
+            problems_text = "; ".join(problems)
+            raise FxCacheError(f"fxcache {path} is damaged: {problems_text}; {verify_hint(path)}")
         manifest = json.loads((path / MANIFEST).read_text())
         arrays = {n: np.load(path / f"{n}.npy", mmap_mode="r") for n in ARRAYS}
         return cls(path=path, manifest=manifest, **arrays)
@@ -92,6 +138,8 @@ def check_structure(path: Path) -> list[str]:
         manifest = json.loads((path / MANIFEST).read_text())
     except json.JSONDecodeError as e:
         return [f"manifest.json is not valid JSON: {e}"]
+    if read_manifest(path) is None:
+        return [f"manifest.json is not an fxcache manifest (it lacks {', '.join(MANIFEST_KEYS)})"]
     problems = []
     if manifest.get("schema_version") != SCHEMA_VERSION:
         problems.append(f"schema_version {manifest.get('schema_version')} != {SCHEMA_VERSION}")
@@ -120,26 +168,34 @@ def check_structure(path: Path) -> list[str]:
     return problems
 
 
-def verify(path: Path) -> list[str]:
-    """Full check: structure, then every file's sha256 against the manifest."""
-    problems = check_structure(path)
-    if problems:
-        return problems
-    manifest = json.loads((path / MANIFEST).read_text())
-    for name, info in manifest["files"].items():
-        got = _sha256(path / name)
-        if got != info["sha256"]:
-            problems.append(f"{name}: checksum {got[:12]}... != manifest {info['sha256'][:12]}...")
+def check_checksums(path: Path, full: bool) -> list[str]:
+    """Every file against its manifest checksums: the CRC-32 (the SHA-256 too when `full`, or
+    when the manifest predates the CRC-32)."""
+    problems = []
+    for name, info in read_manifest(path)["files"].items():
+        want = {k: info[k] for k in ("crc32", "sha256") if k in info}
+        if not full and "crc32" in want:
+            want.pop("sha256", None)
+        got = _digests(path / name, sha256="sha256" in want)
+        for k, v in want.items():
+            if got[k] != v:
+                problems.append(
+                    f"{name}: checksum mismatch, {k} {got[k][:12]} != manifest {v[:12]} (bytes "
+                    "changed)"
+                )
     return problems
+
+
+def verify(path: Path) -> list[str]:
+    """Full check: structure, then every file's CRC-32 and SHA-256 against the manifest."""
+    return check_structure(path) or check_checksums(path, full=True)
 
 
 def publish(root: Path, key: str, arrays: dict[str, np.ndarray], manifest: dict) -> Path:
     """Write a cache atomically under `root/key`; returns its path. If another writer published
     the key first, its cache is kept and this one is discarded."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / key
-    stage = root / f".{key}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    stage.mkdir()
+    stage = staging_dir(final)  # also removes what killed writers left under root
     try:
         rows = len(arrays["timestamps"])
         files = {}
@@ -151,11 +207,7 @@ def publish(root: Path, key: str, arrays: dict[str, np.ndarray], manifest: dict)
                 )
             f = stage / f"{name}.npy"
             np.save(f, a)
-            files[f.name] = {
-                "bytes": f.stat().st_size,
-                "sha256": _sha256(f),
-                "shape": list(a.shape),
-            }
+            files[f.name] = {"bytes": f.stat().st_size, **_digests(f), "shape": list(a.shape)}
         full = {
             **manifest,
             "schema_version": SCHEMA_VERSION,
@@ -181,14 +233,14 @@ def publish(root: Path, key: str, arrays: dict[str, np.ndarray], manifest: dict)
 
 
 def lookup(root: Path, key: str) -> FxCache | None:
-    """The cache under `root/key` after cheap structure checks (logged as a hit), or None (a
-    miss). A cache that fails the checks is moved aside, logged, and counts as a miss."""
+    """The cache under `root/key` after its structure and checksum checks (logged as a hit), or
+    None (a miss). A cache that fails them is moved aside, logged, and counts as a miss."""
     path = root / key
     if path.exists():
-        problems = check_structure(path)
+        problems = check_structure(path) or check_checksums(path, full=False)
         if not problems:
             log.info("fxcache hit %s", key)
-            return FxCache.open(path)
+            return FxCache.open(path, check=False)
         log.warning("fxcache %s is damaged (%s); recomputing", key, "; ".join(problems))
         quarantine(path)
     log.info("fxcache miss %s", key)
@@ -198,13 +250,13 @@ def lookup(root: Path, key: str) -> FxCache | None:
 def get_or_compute(
     root: Path, key: str, compute: Callable[[], tuple[dict[str, np.ndarray], dict]]
 ) -> tuple[FxCache, bool]:
-    """(cache, hit). A hit does no work beyond cheap structure checks; a damaged cache is moved
-    aside and computed again."""
+    """(cache, hit). A hit does no work beyond the structure and checksum checks; a damaged
+    cache is moved aside and computed again."""
     cache = lookup(root, key)
     if cache is not None:
         return cache, True
     arrays, manifest = compute()
-    return FxCache.open(publish(root, key, arrays, manifest)), False
+    return FxCache.open(publish(root, key, arrays, manifest), check=False), False
 
 
 def quarantine(path: Path) -> Path:
@@ -215,19 +267,19 @@ def quarantine(path: Path) -> Path:
 
 
 def list_caches(root: Path) -> list[dict]:
-    rows = []
+    """One row per fxcache under `root` (or `root` itself when it is one); other directories and
+    files are not caches and are left out."""
     if not root.is_dir():
-        return rows
-    for d in sorted(root.iterdir()):
-        if d.name.startswith(".") or not (d / MANIFEST).is_file():
+        return []
+    dirs = [root] if is_fxcache(root) else sorted(d for d in root.iterdir() if d.is_dir())
+    rows = []
+    for d in dirs:
+        if d.name.startswith(".") or (m := read_manifest(d)) is None:
             continue
-        try:
-            m = json.loads((d / MANIFEST).read_text())
-        except json.JSONDecodeError:
-            m = {}
         rows.append(
             {
                 "key": d.name,
+                "path": d,
                 "symbol": m.get("symbol", "?"),
                 "bar_size": m.get("bar_size", "?"),
                 "start": m.get("start", "?"),

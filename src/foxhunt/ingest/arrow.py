@@ -44,13 +44,15 @@ def _column(name: str, col: np.ndarray) -> pa.Array:
         return pa.Array.from_buffers(TS_TYPE, len(raw), [None, pa.py_buffer(raw)])
     if col.dtype.kind == "S":
         width = col.dtype.itemsize
-        if width == 1:
+        raw = np.ascontiguousarray(col).view(np.uint8)
+        if width == 1 and not (raw >= 0x80).any():
             # One ASCII character (action, side, ...): the bytes are the string data as they
-            # are, and the offsets just count 0, 1, 2, ...
-            data = pa.py_buffer(np.ascontiguousarray(col).view(np.uint8))
+            # are, and the offsets just count 0, 1, 2, ... (A byte >= 0x80 is not UTF-8 on its
+            # own: such a column, seen only among quarantined records, takes the path below.)
             offsets = pa.py_buffer(np.arange(len(col) + 1, dtype=np.int32))
-            return pa.Array.from_buffers(pa.string(), len(col), [None, offsets, data])
-        # NUL-padded C strings (symbols): decoded per value, only for definition records.
+            return pa.Array.from_buffers(pa.string(), len(col), [None, offsets, pa.py_buffer(raw)])
+        # NUL-padded C strings (symbols): decoded per value, only for definition records; bytes
+        # that are not ASCII become U+FFFD, so the column is always valid UTF-8.
         return pa.array([v.decode("ascii", "replace") for v in col.tolist()], type=pa.string())
     # Zero-copy over the column's buffer (pa.array would do the same, but its first call in a
     # process imports pandas: ~0.3 s per ingest worker).

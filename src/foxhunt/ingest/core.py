@@ -24,10 +24,11 @@ import os
 import shutil
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,17 +39,24 @@ from foxhunt.dbn.buffers import POOL
 from foxhunt.dbn.columns import RecordColumns
 from foxhunt.dbn.io import (
     DbnFormatError,
-    TruncatedTail,
+    Truncated,
     iter_chunks,
     iter_column_chunks,
     read_ahead,
 )
 from foxhunt.dbn.layout import SCHEMAS
-from foxhunt.fsutil import publish_dir, staging_dir, write_text_atomic
+from foxhunt.fsutil import (
+    check_output_dir,
+    manifest_has,
+    publish_dir,
+    staging_dir,
+    write_text_atomic,
+)
 from foxhunt.ingest.arrow import to_table
-from foxhunt.ingest.validate import StreamState, check_chunk
+from foxhunt.ingest.validate import FRAMING_RULES, StreamState, check_chunk
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NS_PER_DAY = 86_400_000_000_000
 MANIFEST = "manifest.json"
@@ -104,7 +112,10 @@ class IngestConfig:
         if bad:
             raise ValueError(f"unknown schema(s) {sorted(bad)}; supported: {', '.join(SCHEMAS)}")
         if self.chunk_records < 1:
-            raise ValueError("chunk_records must be positive")
+            raise ValueError(f"chunk_records = {self.chunk_records}: must be at least 1")
+        for k in ("workers", "write_threads", "max_cost"):
+            if getattr(self, k) < 0:
+                raise ValueError(f"{k} = {getattr(self, k)}: must not be negative")
 
     def identity(self) -> dict:
         """The settings that change the output (not where it goes or how fast)."""
@@ -124,6 +135,10 @@ class FileReport:
     digest: str = ""
     size: int = 0
     mtime_ns: int = 0
+    truncated: dict | None = None
+    """The file ends early: whole records read before the cut, and how it ends."""
+    spans: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """instrument_id -> first and last index timestamp (ts_recv, else ts_event) written."""
 
 
 @dataclass
@@ -151,6 +166,13 @@ class IngestResult:
         rate = self.records / self.seconds if self.seconds else 0.0
         parts = ", ".join(f"{s} {n:,}" for s, n in sorted(by_schema.items()))
         q = f"; {quarantined:,} records quarantined" if quarantined else ""
+        cut = [f for f in self.files if f.truncated]
+        if cut:
+            q += (
+                f"; {len(cut)} file(s) TRUNCATED, their records after the cut missing: "
+                + ", ".join(Path(f.path).name for f in cut[:3])
+                + " (manifest.json: validation.truncated)"
+            )
         return (
             f"ingested {len(self.files)} files ({parts} records) into {self.out} in "
             f"{self.seconds:.1f} s ({rate / 1e6:.2f} M records/s){q}"
@@ -210,7 +232,7 @@ def ingest_file(
     try:
         hasher = hashlib.sha256()
         header, chunks = iter_column_chunks(
-            path, cfg.chunk_records, allow_truncated_tail=quarantine, hasher=hasher
+            path, cfg.chunk_records, allow_truncated=quarantine, hasher=hasher
         )
     except DbnFormatError as e:
         raise IngestError(str(e)) from None
@@ -228,16 +250,25 @@ def ingest_file(
     state = StreamState()
     bad_parts: list[pa.Table] = []
     itemsize = header.dtype.itemsize
+    # Setting records aside judges order with the next chunk in view (see validate.py).
+    pairs = (
+        _with_next(read_ahead(chunks)) if quarantine else ((c, None) for c in read_ahead(chunks))
+    )
+    rejected = None  # why the whole file is set aside, when it is
     try:
-        for chunk_no, chunk in enumerate(read_ahead(chunks)):
+        for chunk_no, (chunk, after) in enumerate(pairs):
             cols = chunk.columns  # one transpose, shared by validation and conversion
             rep.records += len(cols)
             rep.bytes_in += len(cols) * itemsize
             keep = np.ones(len(cols), dtype=bool)
-            for rule, mask in check_chunk(cols, header.layout, state):
-                if not quarantine:
+            rules = check_chunk(cols, header.layout, state, quarantine, after and after.columns)
+            for rule, mask in rules:
+                if not quarantine or rule in FRAMING_RULES:
                     i = int(np.flatnonzero(mask)[0])
                     idx = chunk.first_index + i
+                    if quarantine:  # framing lost: nothing after this record can be trusted
+                        rejected = f"not decodable as {header.schema}: {rule} at record {idx}"
+                        break
                     raise IngestError(
                         f"{path} at record {idx} (byte {chunk.first_offset + i * itemsize}, "
                         f"ts_event {int(cols['ts_event'][i])}, instrument_id "
@@ -253,22 +284,69 @@ def ingest_file(
                     )
                     bad_parts.append(t)
                 keep &= ~mask
+            if rejected:
+                rep.records += _count_rest(pairs, after)
+                break
             good = cols if keep.all() else cols.subset(np.flatnonzero(keep))
             rep.written += len(good)
             _write_partitions(good, header.schema, symbols, stage, file_no, chunk_no, sink, rep)
-    except TruncatedTail as t:
-        rep.quarantined["truncated final record"] = 1
-        log.warning("%s: dropped a truncated final record (%d bytes) at %d", path, t.rest, t.index)
+    except Truncated as t:
+        rep.truncated = {"after_record": t.index, "rule": t.rule}
+        log.warning("%s: %s; the %d records before the cut are kept", path, t.rule, t.index)
     except DbnFormatError as e:
-        raise IngestError(str(e)) from None
+        if not quarantine:
+            raise IngestError(str(e)) from None
+        rejected = f"undecodable: {e.rule}"
     finally:
         sink.close()
     rep.digest = hasher.hexdigest()[:32]  # the whole file went through the hasher
+    if rejected:
+        # Nothing of a file that cannot be read as its schema is kept: its parts written so
+        # far are removed, and the manifest counts every record it holds as set aside.
+        for rel in rep.partitions:  # (partitions left empty are pruned at the end of the run)
+            for part in (stage / rel).glob(f"part-{file_no:05d}-*.parquet"):
+                part.unlink()
+        rep.partitions, rep.spans, rep.written, bad_parts = {}, {}, 0, []
+        rep.quarantined = {f"whole file {rejected}": rep.records}
+        rep.digest = file_digest(path)  # the read may have stopped early
+        log.warning("%s: quarantined whole: %s", path, rejected)
     if bad_parts:
         q = stage / "quarantine" / f"schema={header.schema}" / f"file={path.name}.parquet"
         q.parent.mkdir(parents=True, exist_ok=True)
         pq.write_table(pa.concat_tables(bad_parts), q)
     return rep
+
+
+def _with_next(items: Iterator[T]) -> Iterator[tuple[T, T | None]]:
+    """Each item with the one after it (None for the last). An error raised while fetching the
+    next item is raised after the held item has been handed out."""
+    it = iter(items)
+    try:
+        cur = next(it)
+    except StopIteration:
+        return
+    while True:
+        try:
+            nxt = next(it)
+        except StopIteration:
+            yield cur, None
+            return
+        except BaseException:
+            yield cur, None
+            raise
+        yield cur, nxt
+        cur = nxt
+
+
+def _count_rest(pairs, after) -> int:
+    """Records left in a file being set aside whole (read on for the count and the digest)."""
+    n = 0 if after is None else len(after.columns)
+    try:
+        for c, _ in pairs:
+            n += len(c.columns) if c is not after else 0
+    except (Truncated, DbnFormatError):
+        pass
+    return n
 
 
 def _write_partitions(
@@ -304,6 +382,11 @@ def _write_partitions(
         d.mkdir(parents=True, exist_ok=True)
         sink.write(to_table(sel, schema), d / f"part-{file_no:05d}-{chunk_no:04d}.parquet")
         rep.partitions[rel] = rep.partitions.get(rel, 0) + len(sel)
+        t = sel["ts_recv" if "ts_recv" in sel.dtype.names else "ts_event"]
+        lo, hi = int(t.min()), int(t.max())
+        if inst in rep.spans:
+            lo, hi = min(lo, rep.spans[inst][0]), max(hi, rep.spans[inst][1])
+        rep.spans[inst] = (lo, hi)
 
 
 class ParquetSink:
@@ -418,6 +501,7 @@ def _ingest_star(args: tuple[Path, int]) -> FileReport:
 def run_ingest(cfg: IngestConfig, progress=None) -> IngestResult:
     res = IngestResult(out=cfg.out)
     t0 = time.perf_counter()
+    check_output_dir(cfg.out, what="foxhunt ingest", owned=is_ingest_output, inputs=[cfg.raw])
     if cfg.download:
         from foxhunt.ingest.download import download
 
@@ -450,6 +534,9 @@ def run_ingest(cfg: IngestConfig, progress=None) -> IngestResult:
             if pool is not None:
                 pool.terminate()
                 pool.join()
+        check_no_duplicates(res.files, cfg.raw)
+        if any(f.partitions == {} and f.records for f in res.files):
+            _prune_empty_dirs(stage)  # partitions of files set aside whole
         res.seconds = time.perf_counter() - t0
         _write_manifest(stage, cfg, res)
         publish_dir(stage, cfg.out)
@@ -462,14 +549,60 @@ def run_ingest(cfg: IngestConfig, progress=None) -> IngestResult:
     return res
 
 
+def check_no_duplicates(files: list[FileReport], raw: Path) -> None:
+    """Refuse inputs that hold the same records twice: two identical files, or two files with
+    records of one schema and instrument over overlapping times (the same day under `ES/` as
+    synth writes it and under `ES.FUT/` as a download does), which would double the rows."""
+    by_digest: dict[str, FileReport] = {}
+    for f in files:
+        if f.digest in by_digest:
+            a, b = (Path(x.path).relative_to(raw) for x in (by_digest[f.digest], f))
+            raise IngestError(
+                f"{raw}: {a} and {b} are the same file (sha256 {f.digest[:12]}...): its records "
+                "would be ingested twice. Remove one of them, or point --raw at one folder"
+            )
+        by_digest[f.digest] = f
+    spans: dict[tuple[str, int], list[tuple[int, int, str]]] = defaultdict(list)
+    for f in files:
+        for iid, (lo, hi) in f.spans.items():
+            spans[(f.schema, iid)].append((lo, hi, f.path))
+    for (schema, iid), found in spans.items():
+        found.sort()
+        end, owner = found[0][1], found[0][2]
+        for lo, hi, path in found[1:]:
+            if lo < end:
+                a, b = (Path(x).relative_to(raw) for x in (owner, path))
+                raise IngestError(
+                    f"{raw}: {a} and {b} both hold {schema} records of instrument_id {iid} "
+                    f"between {_ts(lo)} and {_ts(min(hi, end))}: they overlap, and those records "
+                    "would be ingested twice. Remove one of them, or point --raw at one folder"
+                )
+            if hi > end:
+                end, owner = hi, path
+
+
+def _ts(ns: int) -> str:
+    return str(np.datetime64(ns, "ns").astype("datetime64[s]")) + "Z"
+
+
+def _prune_empty_dirs(top: Path) -> None:
+    for root, _dirs, _files in os.walk(top, topdown=False):
+        if Path(root) != top and not os.listdir(root):
+            os.rmdir(root)
+
+
 def _write_manifest(stage: Path, cfg: IngestConfig, res: IngestResult) -> None:
     rows: dict[str, int] = defaultdict(int)
     quarantined: dict[str, dict[str, int]] = {}
+    truncated: dict[str, dict] = {}
     for f in res.files:
         for k, v in f.partitions.items():
             rows[k] += v
+        name = str(Path(f.path).relative_to(cfg.raw))
         if f.quarantined:
-            quarantined[str(Path(f.path).relative_to(cfg.raw))] = f.quarantined
+            quarantined[name] = f.quarantined
+        if f.truncated:
+            truncated[name] = {**f.truncated, "records_after_the_cut": "unknown (missing)"}
     manifest = {
         "foxhunt_version": __version__,
         "created": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -491,10 +624,16 @@ def _write_manifest(stage: Path, cfg: IngestConfig, res: IngestResult) -> None:
             "records_read": res.records,
             "records_written": sum(f.written for f in res.files),
             "quarantined": quarantined,
+            "truncated": truncated,
             "mode": cfg.on_error,
         },
     }
     write_text_atomic(stage / MANIFEST, json.dumps(manifest, indent=2))
+
+
+def is_ingest_output(path: Path) -> bool:
+    """Whether `path` is a directory `foxhunt ingest` wrote (its manifest says so)."""
+    return manifest_has(path / MANIFEST, ("foxhunt_version", "settings", "inputs", "validation"))
 
 
 def load_manifest(out: Path) -> dict:

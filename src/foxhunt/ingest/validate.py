@@ -3,10 +3,18 @@
 Each rule returns a boolean mask of the records that break it. State that spans chunks (the last
 ts_event and the last record per instrument) lives in `StreamState`, so a file is checked the
 same whichever chunk size reads it.
+
+Order has two modes. Failing on the first bad record, the record whose ts_event is below its
+predecessor's is named. Setting bad records aside (quarantine), the records dropped are the
+fewest that leave each instrument's ts_event non-decreasing (the complement of a longest
+non-decreasing subsequence), so a record displaced far into the future is the one set aside,
+not the run of valid records after it. The next chunk is looked at for that decision, so a
+displaced record at the end of a chunk is judged like any other.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,6 +28,16 @@ RULE_ORDER = "ts_event goes backwards for this instrument"
 RULE_PRICE = "non-positive price"
 RULE_CROSSED = "crossed book: best bid >= best ask"
 RULE_DUPLICATE = "duplicate record"
+RULE_ACTION = "unknown action (not one of A C M R T F N)"
+RULE_SIDE = "unknown side (not one of A B N)"
+# A record of another type or size means the fixed-size framing is lost: no record after it can
+# be trusted, so the file cannot be decoded as its schema.
+FRAMING_RULES = (RULE_RTYPE, RULE_LENGTH)
+
+_ACTIONS = np.zeros(256, dtype=bool)
+_ACTIONS[[ord(a) for a in "ACMRTFN"]] = True
+_SIDES = np.zeros(256, dtype=bool)
+_SIDES[[ord(a) for a in "ABN"]] = True
 
 # Actions whose `price` must be a real price (R = clear book and N = none may carry UNDEF), as
 # a lookup table over the action byte.
@@ -34,9 +52,15 @@ class StreamState:
 
 
 def check_chunk(
-    recs: np.ndarray | RecordColumns, layout: SchemaLayout, state: StreamState
+    recs: np.ndarray | RecordColumns,
+    layout: SchemaLayout,
+    state: StreamState,
+    exact: bool = False,
+    after: RecordColumns | None = None,
 ) -> list[tuple[str, np.ndarray]]:
-    """[(rule, mask)] for every rule some record of this chunk breaks."""
+    """[(rule, mask)] for every rule some record of this chunk breaks. With `exact` (records
+    are set aside, not failed on), out-of-order records are the fewest that restore the order,
+    judged with `after` (the next chunk, None at the end of the file) in view."""
     cols = recs if isinstance(recs, RecordColumns) else RecordColumns(recs)
     recs = cols
     out: list[tuple[str, np.ndarray]] = []
@@ -53,6 +77,10 @@ def check_chunk(
     add(RULE_LENGTH, recs["length"].astype(np.int64) * 4 != cols.dtype.itemsize)
 
     names = cols.dtype.names
+    if "action" in names:  # one ASCII letter each; anything else is not a DBN event
+        add(RULE_ACTION, ~_ACTIONS[recs["action"].view(np.uint8)])
+    if "side" in names:
+        add(RULE_SIDE, ~_SIDES[recs["side"].view(np.uint8)])
     bad_px = np.zeros(len(recs), dtype=bool)
     for f in layout.price_fields:
         bad_px |= recs[f] <= 0
@@ -69,14 +97,18 @@ def check_chunk(
         add(RULE_CROSSED, both & (recs["bid_px_00"] >= recs["ask_px_00"]))
     add(RULE_PRICE, bad_px)
 
-    order_bad, dup = _order_and_duplicates(cols, layout, state)
+    order_bad, dup = _order_and_duplicates(cols, layout, state, exact, after)
     add(RULE_ORDER, order_bad)
     add(RULE_DUPLICATE, dup)
     return out
 
 
 def _order_and_duplicates(
-    cols: RecordColumns, layout: SchemaLayout, state: StreamState
+    cols: RecordColumns,
+    layout: SchemaLayout,
+    state: StreamState,
+    exact: bool = False,
+    after: RecordColumns | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """ts_event must not go backwards per instrument; a record equal to the one before it for
     the same instrument is a duplicate. Events compare on their first 48 bytes (ids, times,
@@ -121,15 +153,60 @@ def _order_and_duplicates(
                 same[j] = bool((s_key[:, j] == state.last_key[k]).all())
     s_order = has_prev & (s_ts < prev_ts)
     s_dup = has_prev & same
+    lasts = np.append(firsts[1:], n) - 1
+    last_ts = {int(s_iid[j]): int(s_ts[j]) for j in lasts.tolist()}
+    if exact:
+        # Per instrument whose order breaks in this chunk or right after it (a displaced last
+        # record shows only against the next chunk): keep a longest non-decreasing run.
+        after_ts = None if after is None else after["ts_event"].view(np.int64)
+        for a, b in zip(firsts.tolist(), (lasts + 1).tolist(), strict=True):
+            k = int(s_iid[a])
+            ahead = None if after_ts is None else after_ts[after["instrument_id"] == k]
+            if not s_order[a:b].any() and (ahead is None or not (ahead < s_ts[b - 1]).any()):
+                continue
+            keep = _longest_ordered_run(s_ts[a:b], ahead, state.last_ts.get(k))
+            s_order[a:b] = ~keep
+            if keep.any():
+                last_ts[k] = int(s_ts[a:b][keep][-1])
+            else:
+                last_ts[k] = state.last_ts[k]
     if single:
         order_bad, dup = s_order, s_dup
     else:
         order_bad[perm] = s_order
         dup[perm] = s_dup
-    lasts = np.append(firsts[1:], n) - 1
-    for j in lasts.tolist():
-        k = int(s_iid[j])
-        state.last_ts[k] = int(s_ts[j])
-        if s_key is not None:
-            state.last_key[k] = s_key[:, j].copy()
+    state.last_ts.update(last_ts)
+    if s_key is not None:
+        for j in lasts.tolist():
+            state.last_key[int(s_iid[j])] = s_key[:, j].copy()
     return order_bad, dup
+
+
+def _longest_ordered_run(ts: np.ndarray, ahead: np.ndarray | None, floor: int | None) -> np.ndarray:
+    """Which of `ts` (one instrument, file order) to keep: those in a longest non-decreasing
+    subsequence of `ts` followed by `ahead` (the next chunk's, which only inform the choice),
+    never below `floor` (the last kept value before this chunk). Patience sorting, O(n log n)."""
+    n = len(ts)
+    vals = np.concatenate([ts, ahead]) if ahead is not None and len(ahead) else ts
+    lo = -(1 << 63) if floor is None else floor
+    tails: list[int] = []  # smallest last value of a run of each length
+    tail_at: list[int] = []  # and its position
+    parent = [-1] * len(vals)
+    for i, v in enumerate(vals.tolist()):
+        if v < lo:
+            continue
+        j = bisect_right(tails, v)
+        if j:
+            parent[i] = tail_at[j - 1]
+        if j == len(tails):
+            tails.append(v)
+            tail_at.append(i)
+        else:
+            tails[j], tail_at[j] = v, i
+    keep = np.zeros(n, dtype=bool)
+    i = tail_at[-1] if tail_at else -1
+    while i >= 0:
+        if i < n:
+            keep[i] = True
+        i = parent[i]
+    return keep

@@ -86,6 +86,14 @@ class PrecomputeConfig:
     orderflow: OrderFlowParams = field(default_factory=OrderFlowParams)
     """Order-flow feature parameters."""
 
+    def __post_init__(self) -> None:
+        if self.workers < 0:
+            raise ValueError(f"workers = {self.workers}: must not be negative")
+        try:
+            parse_bar_size(self.bar_size)
+        except PrecomputeError as e:
+            raise ValueError(str(e)) from None
+
 
 @dataclass
 class SymbolResult:
@@ -314,7 +322,7 @@ def _compute(cfg, todo, bar_ns, source, pool, progress):
         }
         key = todo[sym]
         path = publish(cfg.out, key, arrays, manifest)
-        cache = FxCache.open(path)
+        cache = FxCache.open(path, check=False)  # just written and checksummed
         log.info("fxcache %s: %s, %d bars, published", key, sym, len(cache))
         yield sym, _result(sym, cache, False, n_events[sym], time.perf_counter() - ts0)
     log.info("precompute took %.1f s", time.perf_counter() - t0)

@@ -142,6 +142,28 @@ def find_results(cfg: ReportConfig) -> list[Path]:
     return [Path(p) for p in paths]
 
 
+def _load_results(path: Path) -> dict:
+    """A results.json, refused when its task failed or its metrics are not numbers."""
+    failed = path.parent / "failed.json"
+    if failed.is_file():
+        raise ReportError(f"{path}: its task failed ({failed}); train it again or leave it out")
+    try:
+        doc = json.loads(path.read_text())
+        folds = doc["folds"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ReportError(f"{path}: not a results file of `foxhunt train` ({e})") from None
+    for f in folds:
+        for part in ("val", "test"):
+            for m in ("sharpe", "sortino", "max_drawdown", "turnover", "hit_rate"):
+                v = f.get(part, {}).get(m)
+                if not isinstance(v, int | float) or not math.isfinite(v):
+                    raise ReportError(
+                        f"{path}: fold {f.get('fold')} {part} {m} is {v!r}, not a finite number; "
+                        "a task whose metrics are not numbers is not reported"
+                    )
+    return doc
+
+
 METRIC_COLS = ("sharpe", "sortino", "profit_factor", "max_drawdown", "turnover", "hit_rate")
 
 
@@ -150,7 +172,7 @@ def run_report(cfg: ReportConfig) -> dict:
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, trials, plots = [], [], []
     for p in paths:
-        doc = json.loads(p.read_text())
+        doc = _load_results(p)
         for f in doc["folds"]:
             rpath = p.parent / f["test_returns"]
             if not rpath.is_file():

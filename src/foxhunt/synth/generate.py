@@ -28,7 +28,7 @@ import numpy as np
 
 from foxhunt import __version__
 from foxhunt.dbn.io import encode_metadata, write_dbn
-from foxhunt.fsutil import publish_dir, staging_dir
+from foxhunt.fsutil import check_output_dir, manifest_has, publish_dir, staging_dir
 from foxhunt.synth.contracts import ROOTS, Contract, front_and_next, trading_days
 from foxhunt.synth.market import (
     NS_PER_MIN,
@@ -45,6 +45,10 @@ log = logging.getLogger(__name__)
 DATASET = "GLBX.MDP3"
 ALL_SCHEMAS = ("mbp-10", "trades", "ohlcv-1m", "definition")
 NS_PER_DAY = 86_400_000_000_000
+
+
+class SynthError(ValueError):
+    """Synth cannot make the data asked for; the message says why."""
 
 
 @dataclass
@@ -206,6 +210,11 @@ def generate(cfg: SynthConfig, workers: int | None = None, progress=None) -> Syn
     root_dir = cfg.out / DATASET
     marker = root_dir / "synth.json"
     res = SynthResult(out=root_dir)
+    check_output_dir(
+        root_dir,
+        what="foxhunt synth",
+        owned=lambda d: manifest_has(d / "synth.json", ("config", "planted_signal")),
+    )
     if not cfg.force and marker.exists():
         try:
             if json.loads(marker.read_text()).get("config") == cfg.identity():
@@ -216,7 +225,7 @@ def generate(cfg: SynthConfig, workers: int | None = None, progress=None) -> Syn
     t_start = time.perf_counter()
     days = trading_days(cfg.start, cfg.end)
     if not days:
-        raise ValueError(f"no trading days in [{cfg.start}, {cfg.end})")
+        raise SynthError(f"no trading days in [{cfg.start}, {cfg.end}): choose --start/--end")
     # Everything goes to a staging directory that replaces the old data set at the end, so an
     # interrupted run leaves the previous data intact and no files of another config linger.
     stage = staging_dir(root_dir)

@@ -16,14 +16,15 @@ end with the same metrics as an uninterrupted run.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import itertools
 import json
 import logging
+import math
 import os
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +34,10 @@ import numpy as np
 import torch
 
 from foxhunt import __version__
-from foxhunt.fsutil import write_text_atomic
-from foxhunt.fxcache import FxCache
-from foxhunt.train.data import MarketData
+from foxhunt.folds.walkforward import FoldError, check_folds
+from foxhunt.fsutil import clean_stale, temp_path, write_text_atomic
+from foxhunt.fxcache import FxCache, is_fxcache
+from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
@@ -85,6 +87,14 @@ class TrainConfig:
     dqn: DQNConfig = field(default_factory=DQNConfig)
     """Rainbow DQN hyperparameters."""
 
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs = {self.epochs}: must be at least 1")
+        if self.seed < 0:
+            raise ValueError(f"seed = {self.seed}: must not be negative")
+        if self.eval_segments is not None and self.eval_segments < 1:
+            raise ValueError(f"eval_segments = {self.eval_segments}: must be at least 1")
+
     def digest(self, folds_doc: dict) -> str:
         """What the results depend on: the settings and the folds (their content, which names
         the cache), not where files are nor how runs are logged."""
@@ -133,18 +143,48 @@ def load_folds(path: Path) -> dict:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise TrainError(f"{path}: no such folds file; run `foxhunt folds` first") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TrainError(f"{path}: not JSON ({e})") from None
+    if not isinstance(doc, dict):
+        raise TrainError(f"{path}: not a `foxhunt folds` file (a JSON object)")
     for k in ("fxcache_key", "folds", "bar_size"):
         if k not in doc:
             raise TrainError(f"{path}: field {k!r} missing; not a `foxhunt folds` file")
-    if not doc["folds"]:
+    if not isinstance(doc["folds"], list) or not doc["folds"]:
         raise TrainError(f"{path}: no folds")
     return doc
 
 
+def check_folds_fit(path: Path, doc: dict, cache: FxCache) -> None:
+    """The folds file against the cache it names, before anything is uploaded: the same
+    number of bars, and ranges that keep train, val and test apart (`check_folds`)."""
+    if doc.get("rows", len(cache)) != len(cache):
+        raise TrainError(f"{path}: made for {doc['rows']} bars, the cache has {len(cache)}")
+    try:
+        check_folds(doc["folds"], len(cache), doc.get("spec"))
+    except FoldError as e:
+        raise TrainError(f"{path}: {e}") from None
+
+
+def load_resume(path: Path) -> dict:
+    """The resume file's state; an unreadable one is named with what to do about it."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # torch raises many types for a damaged file
+        raise TrainError(
+            f"{path}: unreadable resume file ({type(e).__name__}: {e}). Delete it to train "
+            "this configuration from the start, or pass --no-resume"
+        ) from None
+    if not isinstance(state, dict) or "digest" not in state:
+        raise TrainError(
+            f"{path}: not a foxhunt resume file. Delete it to train this configuration from "
+            "the start, or pass --no-resume"
+        )
+    return state
+
+
 def open_cache(root: Path, key: str) -> FxCache:
-    if (root / "manifest.json").is_file():
+    if is_fxcache(root):
         cache = FxCache.open(root)
         if cache.key != key:
             raise TrainError(f"{root} is cache {cache.key}, the folds file wants {key}")
@@ -189,7 +229,7 @@ class Clock:
 
 
 def _save_atomic(obj, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    tmp = temp_path(path)
     torch.save(obj, tmp)
     os.replace(tmp, path)
 
@@ -202,11 +242,25 @@ def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dic
     tensors["norm.mean"] = agent.data.mean.cpu()
     tensors["norm.inv_std"] = agent.data.inv_std.cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
     os.replace(tmp, path)
     doc = {"config": dataclasses.asdict(cfg), "resolved_dqn": dataclasses.asdict(agent.cfg), **meta}
     write_text_atomic(path.with_suffix(".json"), json.dumps(doc, indent=2, default=str))
+
+
+def check_finite(stats: dict[str, float], val: dict[str, float], fold: int, epoch: int) -> None:
+    """Stop a task whose losses or val metrics stopped being numbers: it has diverged, and
+    nothing after this epoch would mean anything."""
+    bad = {k: v for k, v in stats.items() if k.startswith("losses/") and not math.isfinite(v)}
+    bad |= {f"eval/val_{k}": v for k, v in val.items() if k != "profit_factor" and not
+            math.isfinite(v)}  # fmt: skip
+    if bad:
+        terms = ", ".join(f"{k} = {v}" for k, v in bad.items())
+        raise TrainError(
+            f"fold {fold} epoch {epoch}: non-finite {terms}; training diverged (try a lower "
+            "--lr or --grad-clip) and the task is stopped"
+        )
 
 
 def run_train(
@@ -214,27 +268,73 @@ def run_train(
     logger: Logger | None = None,
     on_epoch_end: Callable[[int, int], None] | None = None,
 ) -> TrainResult:
+    # Everything that can be checked is checked before the data is uploaded.
     doc = load_folds(cfg.folds)
-    folds = [f for f in doc["folds"] if not cfg.fold_ids or f["fold"] in cfg.fold_ids]
+    folds = [f for f in doc["folds"] if not cfg.fold_ids or f.get("fold") in cfg.fold_ids]
     if not folds:
         raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
-    if cfg.epochs < 1:
-        raise TrainError(f"epochs = {cfg.epochs}: must be at least 1")
-    cache = open_cache(Path(cfg.cache), doc["fxcache_key"])
-    if len(cache) != doc.get("rows", len(cache)):
-        raise TrainError(f"{cfg.folds}: made for {doc['rows']} rows, the cache has {len(cache)}")
-    symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
-    ppy = periods_per_year(cache.timestamps)
     device = pick_device(cfg.device)
+    try:
+        cfg.dqn.resolved(device)
+    except ValueError as e:
+        raise TrainError(str(e)) from None
+    cache = open_cache(Path(cfg.cache), doc["fxcache_key"])
+    check_folds_fit(cfg.folds, doc, cache)
+    symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     digest = cfg.digest(doc)
     # One directory per configuration: runs with other settings never overwrite it, and a
     # rerun (or a retried pod) of the same one continues from its resume file.
     run_dir = cfg.out / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
     run_dir.mkdir(parents=True, exist_ok=True)
+    clean_stale(run_dir)
     resume_path = run_dir / "resume.pt"
-    logger = logger or (MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger())
+    with failure_note(run_dir, digest):
+        state = load_resume(resume_path) if cfg.resume and resume_path.exists() else None
+        try:
+            data = MarketData.from_fxcache(cache, device)
+        except DataError as e:
+            raise TrainError(
+                f"fxcache {cache.path}: {e}. A cache `foxhunt precompute` wrote never holds "
+                "such values: delete the cache directory and run precompute again"
+            ) from None
+        if logger is None:
+            logger = MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger()
+        return _train_folds(
+            cfg, doc, folds, cache, data, device, digest, run_dir, state, logger, on_epoch_end
+        )
 
-    data = MarketData.from_fxcache(cache, device)
+
+@contextlib.contextmanager
+def failure_note(run_dir: Path, digest: str):
+    """A task that fails leaves `failed.json` (the error) and no `results.json`, so that the
+    report never counts it; a later success removes the note."""
+    try:
+        yield
+    except BaseException as e:
+        (run_dir / "results.json").unlink(missing_ok=True)
+        note = {"error": f"{type(e).__name__}: {e}", "config_digest": digest}
+        write_text_atomic(run_dir / "failed.json", json.dumps(note, indent=2))
+        raise
+    (run_dir / "failed.json").unlink(missing_ok=True)
+
+
+def _train_folds(
+    cfg: TrainConfig,
+    doc: dict,
+    folds: list[dict],
+    cache: FxCache,
+    data: MarketData,
+    device: torch.device,
+    digest: str,
+    run_dir: Path,
+    state: dict | None,
+    logger: Logger,
+    on_epoch_end: Callable[[int, int], None] | None,
+) -> TrainResult:
+    """The task once everything is checked and uploaded: build the agent, then each fold."""
+    symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
+    ppy = periods_per_year(cache.timestamps)
+    resume_path = run_dir / "resume.pt"
     log.info(
         "uploaded %d bars (%.0f MB) to %s in %.1f ms",
         data.n,
@@ -252,9 +352,7 @@ def run_train(
     def greedy(t, port):
         return agent.act(agent.state(t, port), noise=False)
 
-    state = None
-    if cfg.resume and resume_path.exists():
-        state = torch.load(resume_path, map_location="cpu", weights_only=False)
+    if state is not None:
         if state.get("digest") != digest:
             log.warning("%s belongs to another configuration: starting afresh", resume_path)
             state = None
@@ -337,6 +435,7 @@ def run_train(
             times = clock.read()
             stats = agent.read_stats()
             val = trading_metrics(val_r, val_tr, ppy)
+            check_finite(stats, val, k, epoch)
             metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
             metrics |= {f"time/{p}_s": s for p, s in times.items()}
             metrics["time/epoch_s"] = sum(times.values())

@@ -28,6 +28,10 @@ class UploadStats:
     pinned: bool
 
 
+class DataError(ValueError):
+    """Market data no training may use (non-finite values, non-positive prices); says where."""
+
+
 class MarketData:
     def __init__(
         self,
@@ -36,6 +40,7 @@ class MarketData:
         targets: np.ndarray,
         device: torch.device,
         pin: bool | None = None,
+        names: list[str] | None = None,
     ):
         n = len(features)
         if ofi.shape[0] != n or targets.shape[0] != n:
@@ -69,6 +74,7 @@ class MarketData:
             pinned=pin,
         )
         self.mkt = dev["mkt"]
+        _check_values(dev, names or [], features.shape[1])
         self.high, self.low, self.close = (dev["hlc"][:, i].contiguous() for i in range(3))
         self.ret1 = dev["ret1"]
         # Per-fold normaliser, updated in place (captured graphs keep their addresses).
@@ -77,7 +83,9 @@ class MarketData:
 
     @classmethod
     def from_fxcache(cls, cache, device: torch.device, pin: bool | None = None) -> MarketData:
-        return cls(cache.features, cache.ofi, cache.targets, device, pin=pin)
+        m = cache.manifest
+        names = [*m.get("features", []), *m.get("ofi", [])]
+        return cls(cache.features, cache.ofi, cache.targets, device, pin=pin, names=names)
 
     def fit_normaliser(self, lo: int, hi: int) -> None:
         """Mean and standard deviation of every column over bars [lo, hi) (the train range)."""
@@ -90,6 +98,28 @@ class MarketData:
         """Normalised market features of bars `t`, [len(t), 50]."""
         x = (self.mkt.index_select(0, t) - self.mean) * self.inv_std
         return x.clamp(-CLIP, CLIP)
+
+
+def _check_values(dev: dict[str, torch.Tensor], names: list[str], n_features: int) -> None:
+    """Refuse non-finite inputs and non-positive prices, naming the first offending value.
+    One reduction per array on the device and one read back, once per task."""
+    mkt, hlc = dev["mkt"], dev["hlc"]
+    bad_mkt, bad_px = ~torch.isfinite(mkt), ~(torch.isfinite(hlc) & (hlc > 0))
+    flags = torch.stack([bad_mkt.any(), bad_px.any()]).tolist()
+    if flags[0]:
+        row, col = (int(x) for x in bad_mkt.nonzero()[0])
+        array, k = ("features", col) if col < n_features else ("ofi", col - n_features)
+        label = f" ({names[col]})" if col < len(names) else ""
+        raise DataError(
+            f"{array}[{row}, {k}]{label} is {float(mkt[row, col])}: training needs finite inputs "
+            f"({int(bad_mkt.any(1).sum())} bar(s) affected)"
+        )
+    if flags[1]:
+        row, col = (int(x) for x in bad_px.nonzero()[0])
+        raise DataError(
+            f"targets[{row}] {('high', 'low', 'close')[col]} price is {float(hlc[row, col])}: "
+            "prices must be finite and positive"
+        )
 
 
 def _sync(device: torch.device) -> None:

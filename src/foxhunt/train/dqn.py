@@ -126,24 +126,51 @@ class DQNConfig:
         precision = self.precision if self.precision != "auto" else ("bf16" if gpu else "fp32")
         capture = self.capture if self.capture != "auto" else ("graph" if gpu else "eager")
         if capture == "graph" and not gpu:
-            raise ValueError("capture = graph needs a CUDA device")
+            raise ValueError(
+                "capture = 'graph': CUDA graphs need a CUDA device, and training runs on "
+                f"{device.type} (use --capture auto or eager)"
+            )
         compile_ = self.compile if self.compile is not None else capture == "graph"
-        cfg = replace(self, precision=precision, capture=capture, compile=compile_, **fill)
-        cfg.check()
-        return cfg
+        # replace() runs __post_init__: the filled-in sizes are checked too
+        return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
-        if self.n_step < 1:
-            raise ValueError(f"n_step = {self.n_step}: must be at least 1")
+        """Refuse values that cannot work, naming the parameter and its range."""
+
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: {rule}")
+
+        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
+        need(self.atoms >= 2, "atoms", "must be at least 2")
+        for k in ("head_hidden", "iqn_quantiles", "iqn_embedding", "n_step"):
+            need(getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("envs", "collect_steps", "batch_size", "replay_capacity"):
+            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
+        need(self.learn_steps is None or self.learn_steps >= 0, "learn_steps", "must be >= 0")
+        need(math.isfinite(self.v_min), "v_min", "must be finite")
+        need(math.isfinite(self.v_max) and self.v_max > self.v_min, "v_max", "must exceed v_min")
+        need(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
+        need(0.0 <= self.epsilon <= 1.0, "epsilon", "must be in [0, 1]")
+        need(0.0 <= self.per_beta <= 1.0, "per_beta", "must be in [0, 1]")
+        need(0.0 < self.tau <= 1.0, "tau", "must be in (0, 1]")
+        for k in ("noisy_sigma0", "cql_alpha", "per_alpha"):
+            need(getattr(self, k) >= 0.0, k, "must not be negative")
+        for k in ("reward_scale", "lr", "adam_eps", "grad_clip"):
+            need(getattr(self, k) > 0.0 and math.isfinite(getattr(self, k)), k, "must be > 0")
         if self.collect_steps is not None and self.collect_steps < self.n_step:
             raise ValueError(
                 f"collect_steps = {self.collect_steps} < n_step = {self.n_step}: "
                 "the first epoch would store no complete transition"
             )
-        if self.v_max <= self.v_min or self.atoms < 2:
-            raise ValueError("C51 support: need v_max > v_min and at least 2 atoms")
-        if not 0.0 <= self.epsilon <= 1.0 or not 0.0 < self.gamma <= 1.0:
-            raise ValueError("epsilon must be in [0, 1] and gamma in (0, 1]")
+        if None not in (self.envs, self.replay_capacity) and self.replay_capacity < self.envs:
+            raise ValueError(
+                f"replay_capacity = {self.replay_capacity} < envs = {self.envs}: one "
+                "collection step must fit in the replay ring"
+            )
 
 
 # ---------------------------------------------------------------------------------- network
