@@ -14,32 +14,42 @@ Each subcommand parses into the step's typed config dataclass (its field docstri
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Literal
 
 import tyro
 from rich.console import Console
-from rich.logging import RichHandler
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from foxhunt.folds import FoldError, FoldsConfig, run_folds
-from foxhunt.fsutil import OutputError
-from foxhunt.fxcache import FxCacheError, list_caches, verify
-from foxhunt.fxcache.store import quarantine
-from foxhunt.ingest.core import IngestConfig, IngestError, run_ingest
-from foxhunt.precompute import PrecomputeConfig, PrecomputeError, run_precompute
-from foxhunt.precompute.source import SourceError
-from foxhunt.report import ReportConfig, ReportError, run_report
-from foxhunt.synth.generate import SynthConfig, SynthError, generate
-from foxhunt.train import TrainConfig, TrainError, run_train
+from foxhunt.errors import StepError
 
 console = Console(stderr=True)
 
+# name -> (module holding its config, config class). A step's module is imported only when
+# that step runs: `foxhunt --help` imports none of them (torch alone takes seconds to import).
+COMMANDS = {
+    "synth": ("foxhunt.synth.generate", "SynthConfig"),
+    "ingest": ("foxhunt.ingest.core", "IngestConfig"),
+    "precompute": ("foxhunt.precompute.core", "PrecomputeConfig"),
+    "fxcache": ("foxhunt.cli", "FxcacheCommand"),
+    "folds": ("foxhunt.folds.core", "FoldsConfig"),
+    "train": ("foxhunt.train.core", "TrainConfig"),
+    "report": ("foxhunt.report.core", "ReportConfig"),
+}
 
-def _progress() -> Progress:
+
+def _progress():
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+    )
+
     return Progress(
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -51,7 +61,9 @@ def _progress() -> Progress:
     )
 
 
-def cmd_synth(cfg: SynthConfig) -> int:
+def cmd_synth(cfg) -> int:
+    from foxhunt.synth.generate import generate
+
     with _progress() as progress:
         res = generate(cfg, progress=progress)
     if res.skipped:
@@ -81,6 +93,9 @@ class FxcacheCommand:
 
 
 def cmd_fxcache(cfg: FxcacheCommand) -> int:
+    from foxhunt.fxcache import FxCacheError, list_caches, verify
+    from foxhunt.fxcache.store import quarantine
+
     if not cfg.root.is_dir():
         raise FxCacheError(f"{cfg.root}: no such cache root")
     rows = [r for r in list_caches(cfg.root) if cfg.key in (None, r["key"])]
@@ -114,21 +129,27 @@ def cmd_fxcache(cfg: FxcacheCommand) -> int:
     return 1 if bad else 0
 
 
-def cmd_ingest(cfg: IngestConfig) -> int:
+def cmd_ingest(cfg) -> int:
+    from foxhunt.ingest.core import run_ingest
+
     with _progress() as progress:
         res = run_ingest(cfg, progress=progress)
     print(res.summary())
     return 0
 
 
-def cmd_precompute(cfg: PrecomputeConfig) -> int:
+def cmd_precompute(cfg) -> int:
+    from foxhunt.precompute.core import run_precompute
+
     with _progress() as progress:
         res = run_precompute(cfg, progress=progress)
     print(res.summary())
     return 0
 
 
-def cmd_folds(cfg: FoldsConfig) -> int:
+def cmd_folds(cfg) -> int:
+    from foxhunt.folds.core import run_folds
+
     out, doc = run_folds(cfg)
     for f in doc["folds"]:
         p = f["periods"]
@@ -144,13 +165,17 @@ def cmd_folds(cfg: FoldsConfig) -> int:
     return 0
 
 
-def cmd_train(cfg: TrainConfig) -> int:
+def cmd_train(cfg) -> int:
+    from foxhunt.train.core import run_train
+
     res = run_train(cfg)
     print(res.summary())
     return 0
 
 
-def cmd_report(cfg: ReportConfig) -> int:
+def cmd_report(cfg) -> int:
+    from foxhunt.report.core import run_report
+
     rep = run_report(cfg)
     a, d = rep["aggregate"], rep["deflated_sharpe"]
     print(
@@ -161,55 +186,35 @@ def cmd_report(cfg: ReportConfig) -> int:
     return 0
 
 
-# Errors a step raises for bad input or missing data: one line naming what is wrong, exit 1.
-STEP_ERRORS = (
-    OutputError,
-    SynthError,
-    IngestError,
-    PrecomputeError,
-    SourceError,
-    FoldError,
-    FxCacheError,
-    TrainError,
-    ReportError,
-)
-
-COMMANDS = {
-    "synth": (cmd_synth, SynthConfig),
-    "ingest": (cmd_ingest, IngestConfig),
-    "precompute": (cmd_precompute, PrecomputeConfig),
-    "fxcache": (cmd_fxcache, FxcacheCommand),
-    "folds": (cmd_folds, FoldsConfig),
-    "train": (cmd_train, TrainConfig),
-    "report": (cmd_report, ReportConfig),
-}
+def usage() -> str:
+    return f"usage: foxhunt COMMAND [--help | OPTIONS]\n\n{__doc__.strip()}\n"
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in COMMANDS:
+        console.print(f"foxhunt: no command {name!r}\n\n{usage()}", soft_wrap=True)
+        return 2
+    from rich.logging import RichHandler
+
     logging.basicConfig(
         level=logging.INFO,
         format="%(message)s",
         handlers=[RichHandler(console=console, show_path=False, show_time=False)],
     )
-    subcommands = {
-        name: Annotated[cls, tyro.conf.subcommand(name, description=(cls.__doc__ or "").strip())]
-        for name, (_, cls) in COMMANDS.items()
-    }
-    cfg = tyro.cli(
-        Union[tuple(subcommands.values())],  # noqa: UP007 - tyro needs a runtime Union
-        args=argv,
-        prog="foxhunt",
-        description=__doc__,
-        config=(tyro.conf.OmitArgPrefixes,),
-    )
-    for name, (func, cls) in COMMANDS.items():
-        if isinstance(cfg, cls):
-            try:
-                return func(cfg)
-            except STEP_ERRORS as e:
-                console.print(f"[red]{name} failed:[/red] {e}", soft_wrap=True)
-                return 1
-    raise AssertionError(f"no command for {type(cfg).__name__}")
+    module, cls_name = COMMANDS[name]
+    cls = getattr(importlib.import_module(module), cls_name)
+    # A config's __post_init__ refusing a value (ValueError) is reported by tyro, exit 2.
+    cfg = tyro.cli(cls, args=rest, prog=f"foxhunt {name}", config=(tyro.conf.OmitArgPrefixes,))
+    try:
+        return globals()[f"cmd_{name}"](cfg)
+    except StepError as e:
+        console.print(f"[red]{name} failed:[/red] {e}", soft_wrap=True)
+        return 1
 
 
 if __name__ == "__main__":

@@ -26,6 +26,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from foxhunt.errors import StepError
+
 log = logging.getLogger(__name__)
 
 # Another host's temporary entry is abandoned when nothing in it changed for this long. Writers
@@ -40,7 +42,7 @@ _TEMP = re.compile(
 )
 
 
-class OutputError(RuntimeError):
+class OutputError(StepError):
     """An output path that cannot be written without destroying something; says which."""
 
 

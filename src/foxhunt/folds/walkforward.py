@@ -25,10 +25,12 @@ from typing import Literal
 
 import numpy as np
 
+from foxhunt.errors import StepError
+
 log = logging.getLogger(__name__)
 
 
-class FoldError(ValueError):
+class FoldError(StepError, ValueError):
     """The series cannot make the folds asked for; the message says why."""
 
 

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
+from foxhunt.errors import StepError
 from foxhunt.fsutil import staging_dir
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ MANIFEST = "manifest.json"
 MANIFEST_KEYS = ("schema_version", "key", "rows", "files")
 
 
-class FxCacheError(RuntimeError):
+class FxCacheError(StepError):
     pass
 
 

@@ -45,6 +45,7 @@ from foxhunt.dbn.io import (
     read_ahead,
 )
 from foxhunt.dbn.layout import SCHEMAS
+from foxhunt.errors import StepError
 from foxhunt.fsutil import (
     check_output_dir,
     manifest_has,
@@ -63,7 +64,7 @@ MANIFEST = "manifest.json"
 DBN_SUFFIXES = (".dbn", ".dbn.zst")
 
 
-class IngestError(RuntimeError):
+class IngestError(StepError):
     """Ingest stopped; the message names the file, the record and the rule."""
 
 

@@ -14,13 +14,15 @@ import logging
 import os
 from pathlib import Path
 
+from foxhunt.errors import StepError
+
 log = logging.getLogger(__name__)
 
 KEY_ENV = "DATABENTO_API_KEY"
 GATEWAY_ENV = "DATABENTO_GATEWAY"  # another API host (tests, proxies); default: Databento's
 
 
-class DownloadError(RuntimeError):
+class DownloadError(StepError):
     pass
 
 

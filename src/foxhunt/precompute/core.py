@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from foxhunt import __version__
+from foxhunt.errors import StepError
 from foxhunt.fxcache import FxCache, cache_key, lookup, publish
 from foxhunt.precompute import features as F
 from foxhunt.precompute.orderflow import (
@@ -54,7 +55,7 @@ FEATURE_VERSION = f"{F.CATALOGUE_VERSION}.1"
 _UNITS = {"s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 
 
-class PrecomputeError(RuntimeError):
+class PrecomputeError(StepError):
     """Precompute stopped; the message says what is missing or wrong."""
 
 

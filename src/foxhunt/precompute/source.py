@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from foxhunt.errors import StepError
 from foxhunt.precompute.orderflow import LEVELS, Events
 
 MONTH_CODES = "FGHJKMNQUVXZ"
@@ -39,7 +40,7 @@ LEVEL_COLUMNS = tuple(
 EVENT_COLUMNS = ("ts_event", "action", "side", "price", "size", *LEVEL_COLUMNS)
 
 
-class SourceError(RuntimeError):
+class SourceError(StepError):
     """The ingested data cannot make a series; the message names the path and the rule."""
 
 

@@ -29,13 +29,14 @@ from statistics import NormalDist
 
 import numpy as np
 
+from foxhunt.errors import StepError
 from foxhunt.fsutil import write_text_atomic
 
 EULER_GAMMA = 0.5772156649015329
 _N = NormalDist()
 
 
-class ReportError(RuntimeError):
+class ReportError(StepError):
     pass
 
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from foxhunt import __version__
 from foxhunt.dbn.io import encode_metadata, write_dbn
+from foxhunt.errors import StepError
 from foxhunt.fsutil import check_output_dir, manifest_has, publish_dir, staging_dir
 from foxhunt.synth.contracts import ROOTS, Contract, front_and_next, trading_days
 from foxhunt.synth.market import (
@@ -47,7 +48,7 @@ ALL_SCHEMAS = ("mbp-10", "trades", "ohlcv-1m", "definition")
 NS_PER_DAY = 86_400_000_000_000
 
 
-class SynthError(ValueError):
+class SynthError(StepError, ValueError):
     """Synth cannot make the data asked for; the message says why."""
 
 

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from foxhunt import __version__
+from foxhunt.errors import StepError
 from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_text_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
@@ -47,7 +48,7 @@ from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
 log = logging.getLogger(__name__)
 
 
-class TrainError(RuntimeError):
+class TrainError(StepError):
     pass
 
 
