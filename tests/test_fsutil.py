@@ -135,3 +135,20 @@ def test_publish_dir_and_temp_names_carry_their_owner(tmp_path):
     publish_dir(stage, final)
     assert (final / "a").read_text() == "1" and [p.name for p in tmp_path.iterdir()] == ["out"]
     assert temp_path(final / "x.json").name.startswith(f".x.json.tmp-h{fsutil.HOST}-")
+
+
+def test_a_killed_ingest_leaves_staging_that_the_next_run_removes(small_raw, tmp_path):
+    """SIGKILL mid-run (no handler runs), as a pod eviction or OOM kill would."""
+    out = tmp_path / "ingested"
+    cmd = [sys.executable, "-m", "foxhunt.cli", "ingest", "--raw", str(small_raw), "--out",
+           str(out), "--workers", "1", "--chunk-records", "64"]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".ingested.tmp-*")) and time.time() < deadline:
+        time.sleep(0.005)
+    proc.kill()
+    proc.wait()
+    left = list(tmp_path.glob(".ingested.tmp-*"))
+    assert left and not out.exists(), "the run was to be killed while writing its staging"
+    res = run_ingest(IngestConfig(raw=small_raw, out=out, workers=1))
+    assert res.records > 0 and not list(tmp_path.glob(".ingested.tmp-*"))
