@@ -107,7 +107,7 @@ def test_corruption_is_reported_and_recomputed(tmp_path, caplog):
     caplog.set_level(logging.INFO)
     c, hit = get_or_compute(tmp_path, "k", lambda: (_arrays(), META))
     assert not hit and "damaged" in caplog.text and verify(c.path) == []
-    with pytest.raises(FxCacheError, match="no manifest"):
+    with pytest.raises(FxCacheError, match="no such cache"):
         FxCache.open(tmp_path, "missing")
 
 

@@ -187,7 +187,7 @@ def check_folds(folds: list[dict], rows: int, spec: dict | None = None) -> None:
         if f.get("fold") in seen:
             raise FoldError(f"{name}: fold id appears twice")
         seen.add(f.get("fold"))
-        for k in RANGE_FIELDS:
+        for k in ("fold", *RANGE_FIELDS):
             if type(f.get(k)) is not int:
                 raise FoldError(f"{name}: {k} = {f.get(k)!r}: must be an integer bar index")
         a, b, c, d, e, g = (f[k] for k in RANGE_FIELDS)

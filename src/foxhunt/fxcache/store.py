@@ -120,6 +120,8 @@ class FxCache:
         """Open `root/key` (or `root` itself when it is a cache directory). With `check`, every
         file is read once against its manifest checksum: a damaged cache is refused."""
         path = Path(root) / key if key else Path(root)
+        if not path.is_dir():
+            raise FxCacheError(f"fxcache {path}: no such cache (`foxhunt fxcache ls` lists them)")
         problems = check_structure(path)
         if not problems and check:
             problems = check_checksums(path, full=False)

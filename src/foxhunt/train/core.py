@@ -271,9 +271,6 @@ def run_train(
 ) -> TrainResult:
     # Everything that can be checked is checked before the data is uploaded.
     doc = load_folds(cfg.folds)
-    folds = [f for f in doc["folds"] if not cfg.fold_ids or f.get("fold") in cfg.fold_ids]
-    if not folds:
-        raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
     device = pick_device(cfg.device)
     try:
         cfg.dqn.resolved(device)
@@ -281,6 +278,9 @@ def run_train(
         raise TrainError(str(e)) from None
     cache = open_cache(Path(cfg.cache), doc["fxcache_key"])
     check_folds_fit(cfg.folds, doc, cache)
+    folds = [f for f in doc["folds"] if not cfg.fold_ids or f["fold"] in cfg.fold_ids]
+    if not folds:
+        raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     digest = cfg.digest(doc)
     # One directory per configuration: runs with other settings never overwrite it, and a
