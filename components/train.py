@@ -60,6 +60,8 @@ def train(
         epochs=epochs,
         seed=seed,
         out=Path(work_dir) / "runs",
+        # A retry of this task (same KFP run) resumes; a new pipeline run trains afresh.
+        run_id=kfp_run_id,
         tracking="mlflow",
         tags={
             **({"kfp_run_id": kfp_run_id} if kfp_run_id else {}),

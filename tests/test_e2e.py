@@ -1,6 +1,6 @@
 """End to end: train-baseline through KFP's local runner on a tiny config, tracked to a real
 `mlflow server` on 127.0.0.1 (sqlite backend, local artifact store); the runs are read back;
-a second pipeline run hits the fxcache."""
+a second pipeline run hits the fxcache and trains afresh."""
 
 from __future__ import annotations
 
@@ -128,6 +128,14 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
         )
         assert Path(local).stat().st_size > 1000
 
-    # A second run: the ingested data and the cache are found, nothing is recomputed.
+    # A second run: the ingested data and the cache are found, nothing is recomputed before
+    # training; training itself runs afresh (a new run, not a retry), under new MLflow runs.
     log2 = run_pipeline(raw, work, mlflow_server, tmp_path)
     assert "fxcache hit" in log2 and "fxcache miss" not in log2
+    assert "continued run" not in log2
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("foxhunt.level") == "pipeline"]
+    assert len(parents) == 2 and len({p.data.tags["kfp_run_id"] for p in parents}) == 2
+    for p in parents:
+        tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
+        assert len(tasks) == 2 and all(t.data.tags["foxhunt_run_id"] for t in tasks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -71,10 +72,14 @@ def write_results(root, seed, sharpe_sign=1.0):
 
 def test_report_files_and_rows(tmp_path):
     runs = tmp_path / "runs"
-    write_results(runs, 0)
-    write_results(runs, 1)
+    old = write_results(runs / "20261130-000000-aaaaaa", 0, sharpe_sign=-1.0)
+    os.utime(old, (0, 0))
+    write_results(runs / "20261201-000000-bbbbbb", 0)
+    write_results(runs / "20261201-000000-bbbbbb", 1)
+    # by default the newest run's tasks (two seeds), not an older run's
     rep = run_report(ReportConfig(runs=runs, out=tmp_path / "report"))
     assert len(rep["rows"]) == 4 and rep["deflated_sharpe"]["trials"] == 4
+    assert all("bbbbbb" in p for p in rep["results"])
     assert rep["aggregate"]["mean_test_sharpe"] == pytest.approx(1.5)
     md = (tmp_path / "report" / "report.md").read_text()
     assert "Deflated Sharpe ratio" in md and md.count("| ES | dqn |") == 4

@@ -26,7 +26,7 @@ def tiny_cfg(demo, out: Path, **kw) -> TrainConfig:
     cache, folds = demo
     base = dict(
         folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=8, dqn=TINY,
-        env=EnvConfig(episode_bars=256),
+        env=EnvConfig(episode_bars=256), run_id="run-1",
     )  # fmt: skip
     return TrainConfig(**(base | kw))
 
@@ -68,6 +68,41 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert not other.resumed
 
 
+def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, monkeypatch):
+    """Results are keyed by the run, not by the configuration alone: a second run with the
+    same parameters but changed code computes new numbers under new MLflow runs."""
+    import mlflow
+
+    from foxhunt.train import core
+
+    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=1)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    first = run_train(cfg, MlflowLogger("x", tracking_uri=uri))
+    retry = run_train(cfg, MlflowLogger("x", tracking_uri=uri))
+    assert retry.resumed and metrics_of(retry) == metrics_of(first)
+
+    # The code changes (a metric computed differently), then a new pipeline run.
+    real = core.trading_metrics
+    monkeypatch.setattr(core, "trading_metrics", lambda *a: real(*a) | {"sharpe": 123.0})
+    monkeypatch.setattr(core, "code_version", lambda: "changed")
+    second = run_train(
+        dataclasses.replace(cfg, run_id="run-2"), MlflowLogger("x", tracking_uri=uri)
+    )
+    assert not second.resumed and second.run_dir != first.run_dir
+    assert [f["test"]["sharpe"] for f in second.folds] == [123.0, 123.0]
+    assert [f["test"]["sharpe"] for f in first.folds] != [123.0, 123.0]
+    # A retry of the first run under the changed code does not resume its files either.
+    assert not run_train(cfg, NullLogger()).resumed
+
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("x").experiment_id])
+    tasks = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
+    assert sorted(t.data.tags["foxhunt_run_id"] for t in tasks) == ["run-1", "run-2"]
+    for t in tasks:
+        kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == t.info.run_id]
+        assert len(kids) == 2  # one per fold, in each run
+
+
 def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, caplog):
     """A mid-fold resume file whose agent state does not fit (written by an older version:
     other keys or shapes) is set aside with a warning, not restored and not a crash."""
@@ -79,7 +114,7 @@ def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, 
     cfg = tiny_cfg(demo_es, tmp_path / "old", fold_ids=(0,), epochs=2)
     with pytest.raises(Killed):
         run_train(cfg, NullLogger(), on_epoch_end=kill)
-    (resume,) = (tmp_path / "old").glob("*/resume.pt")
+    (resume,) = (tmp_path / "old").glob("*/*/resume.pt")
     state = torch.load(resume, weights_only=False)
     state["agent"] = {k.replace("opt.", "opt.0."): v for k, v in state["agent"].items()}
     torch.save(state, resume)

@@ -27,7 +27,7 @@ TINY = DQNConfig(
 def _cfg(cache, folds, out, **kw) -> TrainConfig:
     base = dict(
         folds=folds, cache=cache, epochs=1, fold_ids=(0,), out=out, tracking="none",
-        eval_segments=4, dqn=TINY, env=EnvConfig(episode_bars=64),
+        eval_segments=4, dqn=TINY, env=EnvConfig(episode_bars=64), run_id="run-1",
     )  # fmt: skip
     return TrainConfig(**(base | kw))
 
@@ -104,7 +104,7 @@ def test_a_diverging_loss_stops_the_task_and_the_report_refuses_it(demo_es, tmp_
     cfg = _cfg(cache_root, folds, tmp_path / "runs", dqn=diverging)
     with pytest.raises(TrainError, match=r"fold 0 epoch 0: non-finite losses/"):
         run_train(cfg, NullLogger())
-    (run_dir,) = (tmp_path / "runs").iterdir()
+    (run_dir,) = (tmp_path / "runs" / "run-1").iterdir()
     assert "non-finite" in json.loads((run_dir / "failed.json").read_text())["error"]
     assert not (run_dir / "results.json").exists()
     # results.json of that directory, had one been left, is refused by the report

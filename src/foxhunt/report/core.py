@@ -45,11 +45,11 @@ class ReportConfig:
     """Per-fold and aggregate test metrics, deflated Sharpe ratio and equity curves."""
 
     results: tuple[Path, ...] = ()
-    """results.json files of `foxhunt train` (default: every one under data/runs)."""
+    """results.json files of `foxhunt train` (default: those of the newest run under --runs)."""
     out: Path = Path("data/report")
     """Directory for report.md, report.html, report.json and the plots."""
     runs: Path = Path("data/runs")
-    """Where to look for results.json when --results is not given."""
+    """Where `foxhunt train` puts its runs (`<runs>/<run id>/<task>/results.json`)."""
     tracking: str = "none"
     """'mlflow': also log the report as an MLflow run (MLFLOW_TRACKING_URI or ./mlflow.db)."""
     experiment: str = "foxhunt"
@@ -134,7 +134,13 @@ def _plot(path: Path, ts: np.ndarray, strat: np.ndarray, bh: np.ndarray, title: 
 
 
 def find_results(cfg: ReportConfig) -> list[Path]:
-    paths = list(cfg.results) or sorted(cfg.runs.glob("*/results.json"))
+    """--results, or every task's results.json of the newest run under --runs."""
+    paths = list(cfg.results)
+    if not paths and cfg.runs.is_dir():
+        runs = [d for d in cfg.runs.iterdir() if d.is_dir() and list(d.glob("*/results.json"))]
+        if runs:
+            newest = max(runs, key=lambda d: max(p.stat().st_mtime for p in d.glob("*/*.json")))
+            paths = sorted(newest.glob("*/results.json"))
     if not paths:
         raise ReportError(f"no results.json given and none under {cfg.runs}; run `foxhunt train`")
     for p in paths:

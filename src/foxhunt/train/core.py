@@ -7,7 +7,12 @@ checkpointed (safetensors + config + normalisation statistics) and evaluated onc
 range. A resume file written after every epoch lets a killed task continue where it stopped and
 end with the same metrics as an uninterrupted run.
 
-    <out>/<symbol>-<model>-seed<seed>-<config digest>/
+Only a retry of the same task resumes: the run id (the pipeline's KFP run id, or a fresh one
+per command) names the run directory, and a resume file is used only when the same code wrote
+it for the same configuration. A new pipeline run computes afresh; reusing finished results
+across runs is KFP's step cache's job.
+
+    <out>/<run id>/<symbol>-<model>-seed<seed>-<config digest>/
         resume.pt                 everything training changes, after the last finished epoch
         fold-<k>/best.safetensors best epoch's weights and normalisation statistics
         fold-<k>/best.json        its config, epoch and val metrics
@@ -24,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +44,7 @@ from foxhunt.errors import StepError
 from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_text_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
+from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
@@ -72,8 +79,13 @@ class TrainConfig:
     """Training device (auto: CUDA when present, else the CPU)."""
     out: Path = Path("data/runs")
     """Where run directories (checkpoints, resume files, results) go."""
+    run_id: str = ""
+    """The run this task belongs to (the pipeline passes its KFP run id). A task continues
+    from a resume file only in the same run: pass a run id printed by an interrupted
+    `foxhunt train` to continue it. Empty: a new run (UTC time and a random suffix)."""
     resume: bool = True
-    """Continue from the run directory's resume file when it matches this config."""
+    """Continue from the run directory's resume file when the same code wrote it for this
+    configuration (a retry); --no-resume trains afresh even then."""
     eval_segments: int | None = None
     """Pieces the val/test range is evaluated in, in parallel (default: 1024 on a GPU, 16 on a
     CPU; 1 is one sequential walk)."""
@@ -100,7 +112,7 @@ class TrainConfig:
         """What the results depend on: the settings and the folds (their content, which names
         the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
-        for k in ("folds", "cache", "out", "resume", "tracking", "experiment", "tags"):
+        for k in ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags"):
             d.pop(k)
         d["folds_content"] = {
             k: folds_doc[k] for k in ("fxcache_key", "folds", "spec") if k in folds_doc
@@ -111,6 +123,7 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
+    run_id: str
     run_dir: Path
     folds: list[dict]
     aggregate: dict
@@ -134,8 +147,8 @@ class TrainResult:
             f"{a['test_sharpe']:.2f} (device {self.device}; upload {self.upload_ms:.1f} ms)"
         )
         if self.resumed:
-            lines.append(f"continued from {self.run_dir / 'resume.pt'} (same configuration)")
-        lines.append(f"checkpoints and results in {self.run_dir}")
+            lines.append(f"continued run {self.run_id} from {self.run_dir / 'resume.pt'}")
+        lines.append(f"run {self.run_id}: checkpoints and results in {self.run_dir}")
         return "\n".join(lines)
 
 
@@ -283,9 +296,13 @@ def run_train(
         raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     digest = cfg.digest(doc)
-    # One directory per configuration: runs with other settings never overwrite it, and a
-    # rerun (or a retried pod) of the same one continues from its resume file.
-    run_dir = cfg.out / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
+    # One directory per run and configuration: a retried task (same run id) finds its resume
+    # file there; a new run starts in a directory of its own.
+    run_id = cfg.run_id or new_run_id()
+    if cfg.run_id and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
+        raise TrainError(f"run_id {run_id!r}: only letters, digits, '.', '_' and '-'")
+    run_dir = cfg.out / run_id / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
+    log.info("run %s: %s", run_id, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     clean_stale(run_dir)
     resume_path = run_dir / "resume.pt"
@@ -301,8 +318,9 @@ def run_train(
         if logger is None:
             logger = MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger()
         return _train_folds(
-            cfg, doc, folds, cache, data, device, digest, run_dir, state, logger, on_epoch_end
-        )
+            cfg, doc, folds, cache, data, device, digest, run_id, run_dir, state, logger,
+            on_epoch_end,
+        )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -327,6 +345,7 @@ def _train_folds(
     data: MarketData,
     device: torch.device,
     digest: str,
+    run_id: str,
     run_dir: Path,
     state: dict | None,
     logger: Logger,
@@ -357,6 +376,12 @@ def _train_folds(
         if state.get("digest") != digest:
             log.warning("%s belongs to another configuration: starting afresh", resume_path)
             state = None
+        elif state.get("code") != code_version():
+            log.warning(
+                "%s was written by other code (%s, this is %s): starting afresh",
+                resume_path, state.get("code"), code_version(),
+            )  # fmt: skip
+            state = None
         elif state.get("agent") is not None and (why := agent.state_mismatch(state["agent"])):
             log.warning("%s was written by another trainer (%s): starting afresh", resume_path, why)
             state = None
@@ -370,6 +395,8 @@ def _train_folds(
         "seed": str(cfg.seed),
         "device": str(device),
         "foxhunt_version": __version__,
+        "foxhunt_run_id": run_id,
+        "code_version": code_version(),
         **(
             {"git_commit": os.environ["FOXHUNT_GIT_COMMIT"]}
             if "FOXHUNT_GIT_COMMIT" in os.environ
@@ -459,6 +486,7 @@ def _train_folds(
             _save_atomic(
                 {
                     "digest": digest,
+                    "code": code_version(),
                     "fold": k,
                     "epoch": epoch,
                     "agent": {n: v.cpu() for n, v in agent.snapshot().items()},
@@ -512,7 +540,14 @@ def _train_folds(
             }
         )
         _save_atomic(
-            {"digest": digest, "fold": None, "results": results, "run_ids": run_ids}, resume_path
+            {
+                "digest": digest,
+                "code": code_version(),
+                "fold": None,
+                "results": results,
+                "run_ids": run_ids,
+            },
+            resume_path,
         )
 
     def mean(key: str, part: str) -> float:
@@ -535,6 +570,8 @@ def _train_folds(
         "symbol": symbol,
         "device": str(device),
         "mlflow_run_id": run_ids["parent"],
+        "run_id": run_id,
+        "code_version": code_version(),
         "run_dir": str(run_dir.resolve()),
         "config_digest": digest,
         "seed": cfg.seed,
@@ -544,4 +581,6 @@ def _train_folds(
         "aggregate": aggregate,
     }
     write_text_atomic(run_dir / "results.json", json.dumps(out, indent=2, default=str))
-    return TrainResult(run_dir, results, aggregate, str(device), data.upload.seconds * 1e3, resumed)
+    return TrainResult(
+        run_id, run_dir, results, aggregate, str(device), data.upload.seconds * 1e3, resumed
+    )
