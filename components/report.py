@@ -23,7 +23,9 @@ def report(
     from pathlib import Path
 
     from foxhunt.report import ReportConfig, run_report
+    from foxhunt.train.tracking import require_tracking_uri
 
+    require_tracking_uri()
     # The artifacts are copies of results.json: read each from its run directory on the volume,
     # where the test returns it names live.
     paths = [
@@ -37,7 +39,7 @@ def report(
     rep = run_report(cfg)
     shutil.copy(out / "report.md", markdown.path)
     shutil.copy(out / "report.html", html.path)
-    for k, v in rep["aggregate"].items():
-        if math.isfinite(v):
+    scores = {**rep["aggregate"], "deflated_sharpe": rep["deflated_sharpe"]["dsr"]}
+    for k, v in scores.items():
+        if isinstance(v, float) and math.isfinite(v):  # KFP's metrics JSON takes numbers only
             metrics.log_metric(k, v)
-    metrics.log_metric("deflated_sharpe", rep["deflated_sharpe"]["dsr"])

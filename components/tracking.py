@@ -17,8 +17,9 @@ def start_tracking(
     symbol, model). Returns its run id for the train and report steps."""
     import json
 
-    from foxhunt.train.tracking import start_pipeline_run
+    from foxhunt.train.tracking import require_tracking_uri, start_pipeline_run
 
+    require_tracking_uri()
     tags = {
         "kfp_run_id": kfp_run_id,
         "fxcache_key": json.loads(keys)[symbol],

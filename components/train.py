@@ -27,12 +27,14 @@ def train(
     fields, e.g. {"dqn": {"hidden": [128, 128]}, "env": {"episode_bars": 512}}."""
     import dataclasses
     import json
+    import math
     import shutil
     from pathlib import Path
 
     from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
-    from foxhunt.train.tracking import find_pipeline_run
+    from foxhunt.train.tracking import find_pipeline_run, require_tracking_uri
 
+    require_tracking_uri()
     # The pipeline's MLflow parent run (start_tracking ran before this task), found by the KFP
     # run id: kfp.local hands a task output passed into a ParallelFor the loop item instead.
     parent_run_id = find_pipeline_run("foxhunt", kfp_run_id)
@@ -75,4 +77,5 @@ def train(
     print(res.summary())
     shutil.copy(res.run_dir / "results.json", results.path)
     for k, v in res.aggregate.items():
-        metrics.log_metric(k, v)
+        if math.isfinite(v):  # KFP's metrics JSON takes numbers only (no inf profit factor)
+            metrics.log_metric(k, v)

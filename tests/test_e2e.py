@@ -128,6 +128,16 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
         )
         assert Path(local).stat().st_size > 1000
 
+    # Every JSON file the steps wrote is strict JSON (no bare Infinity or NaN).
+    def bare(name):
+        raise ValueError(f"bare {name}")
+
+    for p in [*work.rglob("*.json"), *(tmp_path / "build").rglob("*.json")]:
+        try:
+            json.loads(p.read_text(), parse_constant=bare)
+        except ValueError as e:
+            pytest.fail(f"{p}: {e}")
+
     # A second run: the ingested data and the cache are found, nothing is recomputed before
     # training; training itself runs afresh (a new run, not a retry), under new MLflow runs.
     log2 = run_pipeline(raw, work, mlflow_server, tmp_path)

@@ -203,3 +203,26 @@ def test_submit_errors(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("KFP_HOST", "http://127.0.0.1:1")
     assert main(["submit", "no-such-pipeline"]) == 2
     assert "no pipeline 'no-such-pipeline'" in capsys.readouterr().err
+
+
+def test_tasks_that_track_refuse_to_run_without_a_tracking_server(monkeypatch, tmp_path):
+    """On a cluster without the foxhunt-mlflow Secret, MLflow would log into a sqlite file in
+    the pod, lost with it: the tasks fail first, saying which Secret is missing."""
+    from components import report, start_tracking, train
+    from foxhunt.train.tracking import TrackingError
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.chdir(tmp_path)
+    calls = [
+        lambda: start_tracking.python_func(
+            kfp_run_id="r", keys='{"ES": "k"}', symbol="ES", model="dqn", epochs=1, bar_size="1m"
+        ),
+        lambda: train.python_func(work_dir=str(tmp_path), folds=None, results=None, metrics=None),
+        lambda: report.python_func(
+            work_dir=str(tmp_path), results=[], markdown=None, html=None, metrics=None
+        ),
+    ]
+    for call in calls:
+        with pytest.raises(TrackingError, match="Secret foxhunt-mlflow"):
+            call()
+    assert not list(tmp_path.iterdir())  # no mlflow.db left behind

@@ -96,3 +96,28 @@ def test_report_errors_name_the_file(tmp_path):
     (p.parent / "fold-1" / "test_returns.npz").unlink()
     with pytest.raises(ReportError, match="fold 1's test returns"):
         run_report(ReportConfig(results=(p,), out=tmp_path / "r"))
+
+
+def _strict(text: str):
+    def refuse(name):
+        raise ValueError(f"bare {name} in JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_undefined_values_are_null_in_json_and_n_a_in_the_report(tmp_path):
+    """A profit factor with no losing bar is not a number: strict JSON gets null, the tables
+    n/a, and the mean is over the folds where it is defined."""
+    from foxhunt.fsutil import json_text
+
+    assert _strict(json_text({"a": float("inf"), "b": [1.0, float("nan")], "c": 2})) == {
+        "a": None, "b": [1.0, None], "c": 2
+    }  # fmt: skip
+    path = write_results(tmp_path / "runs" / "r", 0)
+    doc = json.loads(path.read_text())
+    doc["folds"][0]["test"]["profit_factor"] = None  # as train writes an infinite one
+    path.write_text(json.dumps(doc))
+    rep = run_report(ReportConfig(results=(path,), out=tmp_path / "report"))
+    assert rep["aggregate"]["mean_test_profit_factor"] == pytest.approx(1.1)
+    assert "| n/a |" in (tmp_path / "report" / "report.md").read_text()
+    _strict((tmp_path / "report" / "report.json").read_text())

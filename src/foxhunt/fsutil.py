@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
@@ -82,6 +83,28 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = temp_path(path)
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def json_text(doc) -> str:
+    """Strict JSON (RFC 8259) of a step's output: a value that is not a finite number (a profit
+    factor with no losing bar, a ratio of two zeros) is written as null, never as the bare
+    Infinity or NaN that Python's json writes and other readers refuse. Paths, dates and the
+    like are written as strings."""
+    return json.dumps(_finite(doc), indent=2, allow_nan=False, default=str)
+
+
+def _finite(x):
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x
+
+
+def write_json_atomic(path: Path, doc) -> None:
+    write_text_atomic(path, json_text(doc))
 
 
 # ------------------------------------------------------------------------- what may be replaced

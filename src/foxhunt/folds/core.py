@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -16,7 +15,7 @@ from foxhunt.folds.walkforward import (
     picture,
     with_difficulty,
 )
-from foxhunt.fsutil import write_text_atomic
+from foxhunt.fsutil import write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache, list_caches
 from foxhunt.precompute.features import ADX_INDEX
 
@@ -73,7 +72,7 @@ def run_folds(cfg: FoldsConfig) -> tuple[Path, dict]:
         "dropped": dropped,
     }
     out = cfg.out or Path("data/folds") / f"{doc['symbol']}.json"
-    write_text_atomic(out, json.dumps(doc, indent=2))
+    write_json_atomic(out, doc)
     log.info("%d folds of %s written to %s", len(folds), cache.key, out)
     doc["picture"] = picture(folds, len(cache))
     return out, doc

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from foxhunt.errors import StepError
-from foxhunt.fsutil import staging_dir
+from foxhunt.fsutil import json_text, staging_dir
 
 log = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def publish(root: Path, key: str, arrays: dict[str, np.ndarray], manifest: dict)
             "rows": rows,
             "files": files,
         }
-        (stage / MANIFEST).write_text(json.dumps(full, indent=2, default=str))
+        (stage / MANIFEST).write_text(json_text(full))
         for f in stage.iterdir():  # data on disk before the directory becomes visible
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())

@@ -51,7 +51,7 @@ from foxhunt.fsutil import (
     manifest_has,
     publish_dir,
     staging_dir,
-    write_text_atomic,
+    write_json_atomic,
 )
 from foxhunt.ingest.arrow import to_table
 from foxhunt.ingest.validate import FRAMING_RULES, StreamState, check_chunk
@@ -629,7 +629,7 @@ def _write_manifest(stage: Path, cfg: IngestConfig, res: IngestResult) -> None:
             "mode": cfg.on_error,
         },
     }
-    write_text_atomic(stage / MANIFEST, json.dumps(manifest, indent=2))
+    write_json_atomic(stage / MANIFEST, manifest)
 
 
 def is_ingest_output(path: Path) -> bool:

@@ -30,7 +30,7 @@ from statistics import NormalDist
 import numpy as np
 
 from foxhunt.errors import StepError
-from foxhunt.fsutil import write_text_atomic
+from foxhunt.fsutil import write_json_atomic, write_text_atomic
 
 EULER_GAMMA = 0.5772156649015329
 _N = NormalDist()
@@ -204,7 +204,7 @@ def run_report(cfg: ReportConfig) -> dict:
                     "plot": name,
                 }
             )
-    agg = {f"mean_test_{m}": float(np.mean([r[m] for r in rows])) for m in METRIC_COLS}
+    agg = {f"mean_test_{m}": _mean([r[m] for r in rows]) for m in METRIC_COLS}
     dsr = deflated_sharpe(trials)
     report = {
         "rows": rows,
@@ -215,15 +215,26 @@ def run_report(cfg: ReportConfig) -> dict:
     md = _markdown(report)
     write_text_atomic(cfg.out / "report.md", md)
     write_text_atomic(cfg.out / "report.html", _html(report, cfg.out))
-    write_text_atomic(cfg.out / "report.json", json.dumps(report, indent=2, default=str))
+    write_json_atomic(cfg.out / "report.json", report)
     if cfg.tracking == "mlflow":
         _log_mlflow(cfg, report)
     return report
 
 
-def _fmt(v: float, pct: bool = False) -> str:
-    if isinstance(v, float) and math.isinf(v):
-        return "inf"
+def _finite(v) -> bool:
+    return isinstance(v, int | float) and math.isfinite(v)
+
+
+def _mean(values: list) -> float | None:
+    """The mean of the finite values (a profit factor is undefined, null in JSON, for a range
+    without a losing bar); None when there is none."""
+    ok = [v for v in values if _finite(v)]
+    return float(np.mean(ok)) if ok else None
+
+
+def _fmt(v: float | None, pct: bool = False) -> str:
+    if not _finite(v):
+        return "n/a"  # undefined: e.g. the profit factor of a range without a losing bar
     return f"{v:.2%}" if pct else f"{v:.2f}"
 
 
@@ -284,7 +295,7 @@ def _log_mlflow(cfg: ReportConfig, rep: dict) -> None:
     metrics = {f"eval/{k}": v for k, v in rep["aggregate"].items()}
     metrics["eval/deflated_sharpe"] = rep["deflated_sharpe"]["dsr"]
     for k, v in metrics.items():
-        if math.isfinite(v):
+        if _finite(v):
             client.log_metric(rid, k, v)
     for name in ("report.md", "report.html", "report.json"):
         client.log_artifact(rid, str(cfg.out / name))

@@ -42,7 +42,7 @@ import torch
 from foxhunt import __version__
 from foxhunt.errors import StepError
 from foxhunt.folds.walkforward import FoldError, check_folds
-from foxhunt.fsutil import clean_stale, temp_path, write_text_atomic
+from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train.data import DataError, MarketData
@@ -260,7 +260,7 @@ def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dic
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
     os.replace(tmp, path)
     doc = {"config": dataclasses.asdict(cfg), "resolved_dqn": dataclasses.asdict(agent.cfg), **meta}
-    write_text_atomic(path.with_suffix(".json"), json.dumps(doc, indent=2, default=str))
+    write_json_atomic(path.with_suffix(".json"), doc)
 
 
 def check_finite(stats: dict[str, float], val: dict[str, float], fold: int, epoch: int) -> None:
@@ -332,7 +332,7 @@ def failure_note(run_dir: Path, digest: str):
     except BaseException as e:
         (run_dir / "results.json").unlink(missing_ok=True)
         note = {"error": f"{type(e).__name__}: {e}", "config_digest": digest}
-        write_text_atomic(run_dir / "failed.json", json.dumps(note, indent=2))
+        write_json_atomic(run_dir / "failed.json", note)
         raise
     (run_dir / "failed.json").unlink(missing_ok=True)
 
@@ -580,7 +580,7 @@ def _train_folds(
         "folds": results,
         "aggregate": aggregate,
     }
-    write_text_atomic(run_dir / "results.json", json.dumps(out, indent=2, default=str))
+    write_json_atomic(run_dir / "results.json", out)
     return TrainResult(
         run_id, run_dir, results, aggregate, str(device), data.upload.seconds * 1e3, resumed
     )

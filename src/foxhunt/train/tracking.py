@@ -9,9 +9,12 @@ mlflow is imported only when this logger is used: the GPU training image can run
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Protocol
+
+from foxhunt.errors import StepError
 
 
 class Logger(Protocol):
@@ -47,6 +50,24 @@ class NullLogger:
 
 def default_tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+
+
+class TrackingError(StepError):
+    pass
+
+
+def require_tracking_uri() -> str:
+    """The tracking server of a pipeline task, from MLFLOW_TRACKING_URI (the foxhunt-mlflow
+    Secret on a cluster; `make run` sets a local store). Without it a task would log to a
+    sqlite file inside its pod, gone with the pod: that is an error, not a default."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if not uri:
+        raise TrackingError(
+            "MLFLOW_TRACKING_URI is not set, so this task's runs would be lost with its pod. "
+            "Create the Secret foxhunt-mlflow (key tracking-uri; infra/secrets/foxhunt-mlflow.yaml"
+            ") in the namespace the pipeline runs in, or set MLFLOW_TRACKING_URI"
+        )
+    return uri
 
 
 def client_and_experiment(experiment: str, tracking_uri: str | None = None):
@@ -161,8 +182,13 @@ class MlflowLogger:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        items = [Metric(k, float(v), now, step or 0) for k, v in metrics.items()]
-        self.client.log_batch(self._run(), metrics=items)
+        # An undefined value (a profit factor without a losing bar) is left out, not logged as
+        # inf: MLflow's charts and the compare view take numbers.
+        items = [
+            Metric(k, float(v), now, step or 0) for k, v in metrics.items() if math.isfinite(v)
+        ]
+        if items:
+            self.client.log_batch(self._run(), metrics=items)
 
     def log_artifact(self, path, artifact_path=None) -> None:
         self.client.log_artifact(self._run(), str(path), artifact_path)
