@@ -8,12 +8,13 @@ from components.images import CPU_IMAGE, GPU_IMAGE
 from components.ingest import ingest
 from components.precompute import precompute
 from components.report import report
-from components.tracking import start_tracking
+from components.tracking import end_tracking, start_tracking
 from components.train import train
 
 __all__ = [
     "CPU_IMAGE",
     "GPU_IMAGE",
+    "end_tracking",
     "folds",
     "ingest",
     "precompute",

@@ -30,3 +30,21 @@ def start_tracking(
     run_id = start_pipeline_run(experiment, f"{symbol}-{model}-{kfp_run_id[:8]}", tags, params)
     print(f"MLflow parent run {run_id}")
     return run_id
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def end_tracking(kfp_run_id: str, status: dsl.PipelineTaskFinalStatus, experiment: str = "foxhunt"):
+    """The pipeline's exit task: ends the MLflow parent run of this pipeline run (found by its
+    KFP run id; an exit task cannot take another task's output) with the pipeline's outcome:
+    FINISHED, FAILED (with the error) or KILLED (cancelled), whichever step stopped it."""
+    from foxhunt.train.tracking import end_pipeline_run, find_pipeline_run, require_tracking_uri
+
+    require_tracking_uri()
+    parent = find_pipeline_run(experiment, kfp_run_id)
+    if not parent:
+        print(f"no MLflow parent run for KFP run {kfp_run_id} (the pipeline stopped before it)")
+        return
+    outcome = {"SUCCEEDED": "FINISHED", "CANCELLED": "KILLED"}.get(status.state, "FAILED")
+    message = "" if outcome == "FINISHED" else (status.error_message or status.state)
+    end_pipeline_run(parent, outcome, message)
+    print(f"MLflow parent run {parent}: {outcome} (pipeline {status.state})")

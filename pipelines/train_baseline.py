@@ -4,7 +4,7 @@ from typing import Literal
 
 from kfp import dsl
 
-from components import folds, report, start_tracking, train
+from components import end_tracking, folds, report, start_tracking, train
 from pipelines.platform import (
     MLFLOW_SECRET,
     RAW_MOUNT,
@@ -56,40 +56,46 @@ def build_train_baseline(
         raw_pvc: str = "foxhunt-raw",
         fxcache_pvc: str = "foxhunt-fxcache",
     ):
-        _, pre = ingest_and_precompute(
-            local, cluster, raw_dir, work_dir, download_symbols, start, end, symbol, bar_size,
-            raw_pvc, fxcache_pvc,
-        )  # fmt: skip
-        fo = folds(
-            work_dir=work_dir, keys=pre.output, symbol=symbol, train_months=train_months,
-            val_months=val_months, test_months=test_months, step_months=step_months,
-            window=window, purge=purge, embargo=embargo,
-        )  # fmt: skip
-        fo.set_display_name("Walk-forward folds").set_caching_options(True)
-        trk = start_tracking(
-            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=pre.output, symbol=symbol,
-            model=model, epochs=epochs, bar_size=bar_size,
-        )  # fmt: skip
-        trk.set_display_name("MLflow parent run").set_caching_options(False)
-        with dsl.ParallelFor(seeds, name="seeds") as seed:
-            tr = train(
-                work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
-                epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
-                n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
-                half_spread_bps=half_spread_bps, overrides=overrides,
-            ).after(trk)  # fmt: skip
-            tr.set_display_name("Train over all folds").set_caching_options(False)
-            tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
-        rep = report(
-            work_dir=work_dir,
-            results=dsl.Collected(tr.outputs["results"]),
-            kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-            parent_run_id=trk.output,
-        )
-        rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
+        # Whatever stops a task, the exit task ends the MLflow parent run with the pipeline's
+        # outcome (FINISHED, FAILED, KILLED): no run is left RUNNING.
+        outcome = end_tracking(kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+        outcome.set_display_name("MLflow parent run: outcome").set_caching_options(False)
+        with dsl.ExitHandler(outcome, name="train-baseline"):
+            _, pre = ingest_and_precompute(
+                local, cluster, raw_dir, work_dir, download_symbols, start, end, symbol, bar_size,
+                raw_pvc, fxcache_pvc,
+            )  # fmt: skip
+            fo = folds(
+                work_dir=work_dir, keys=pre.output, symbol=symbol, train_months=train_months,
+                val_months=val_months, test_months=test_months, step_months=step_months,
+                window=window, purge=purge, embargo=embargo,
+            )  # fmt: skip
+            fo.set_display_name("Walk-forward folds").set_caching_options(True)
+            trk = start_tracking(
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=pre.output, symbol=symbol,
+                model=model, epochs=epochs, bar_size=bar_size,
+            )  # fmt: skip
+            trk.set_display_name("MLflow parent run").set_caching_options(False)
+            with dsl.ParallelFor(seeds, name="seeds") as seed:
+                tr = train(
+                    work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
+                    epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
+                    n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
+                    half_spread_bps=half_spread_bps, overrides=overrides,
+                ).after(trk)  # fmt: skip
+                tr.set_display_name("Train over all folds").set_caching_options(False)
+                tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
+            rep = report(
+                work_dir=work_dir,
+                results=dsl.Collected(tr.outputs["results"]),
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                parent_run_id=trk.output,
+            )
+            rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
         if not local:
             configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
             configure(trk, "tracking", cluster, secrets=(MLFLOW_SECRET,))
+            configure(outcome, "tracking", cluster, secrets=(MLFLOW_SECRET,))
             configure(tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
             configure(rep, "report", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
 

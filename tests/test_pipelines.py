@@ -46,20 +46,29 @@ def executor(doc: dict, name: str) -> dict:
 
 def test_train_baseline_dag(compiled):
     _, doc = compiled["train-baseline.yaml"]
-    t = tasks(doc)
-    assert set(t) == {"ingest", "precompute", "folds", "start-tracking", "for-loop-1", "report"}
+    # The steps run inside an exit handler whose exit task ends the MLflow parent run with the
+    # pipeline's outcome, whatever stopped it.
+    root = tasks(doc)
+    assert set(root) == {"exit-handler-1", "end-tracking"}
+    assert root["end-tracking"]["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"
+    assert root["end-tracking"]["dependentTasks"] == ["exit-handler-1"]
+    status = root["end-tracking"]["inputs"]["parameters"]["status"]["taskFinalStatus"]
+    assert status == {"producerTask": "exit-handler-1"}
+    t = doc["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert set(t) == {"ingest", "precompute", "folds", "start-tracking", "for-loop-2", "report"}
     assert t["precompute"]["dependentTasks"] == ["ingest"]
     assert t["folds"]["dependentTasks"] == ["precompute"]
-    assert sorted(t["for-loop-1"]["dependentTasks"]) == ["folds", "start-tracking"]
-    assert sorted(t["report"]["dependentTasks"]) == ["for-loop-1", "start-tracking"]
+    assert sorted(t["for-loop-2"]["dependentTasks"]) == ["folds", "start-tracking"]
+    assert sorted(t["report"]["dependentTasks"]) == ["for-loop-2", "start-tracking"]
     assert t["start-tracking"]["dependentTasks"] == ["precompute"]
-    loop = doc["components"]["comp-for-loop-1"]
+    loop = doc["components"]["comp-for-loop-2"]
     assert set(loop["dag"]["tasks"]) == {"train"}
     assert (
-        t["for-loop-1"]["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--seeds"
+        t["for-loop-2"]["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--seeds"
     )
     # Display names, caching and retries.
     assert all(t[k]["taskInfo"]["name"] for k in t)
+    assert not root["end-tracking"]["cachingOptions"].get("enableCache")
     assert t["ingest"]["cachingOptions"]["enableCache"] is True
     assert t["precompute"]["cachingOptions"]["enableCache"] is True
     train = loop["dag"]["tasks"]["train"]
@@ -103,7 +112,7 @@ def test_volumes_and_secrets_by_name_only(compiled):
         assert mounts[e] == {"/data/work": "fxcache_pvc"}, e
     assert mounts["exec-start-tracking"] == {}
     assert k8s["exec-ingest"]["secretAsEnv"][0]["secretName"] == "foxhunt-databento"
-    for e in ("exec-train", "exec-report", "exec-start-tracking"):
+    for e in ("exec-train", "exec-report", "exec-start-tracking", "exec-end-tracking"):
         assert k8s[e]["secretAsEnv"][0]["secretName"] == "foxhunt-mlflow", e
     assert k8s["exec-train"]["nodeSelector"]["labels"]["nvidia.com/gpu.product"]
     assert k8s["exec-train"]["tolerations"][0]["key"] == "nvidia.com/gpu"
@@ -226,3 +235,28 @@ def test_tasks_that_track_refuse_to_run_without_a_tracking_server(monkeypatch, t
         with pytest.raises(TrackingError, match="Secret foxhunt-mlflow"):
             call()
     assert not list(tmp_path.iterdir())  # no mlflow.db left behind
+
+
+def test_the_exit_task_ends_the_parent_run_with_the_pipeline_outcome(monkeypatch, tmp_path):
+    import mlflow
+    from kfp import dsl
+
+    from components import end_tracking
+    from foxhunt.train.tracking import start_pipeline_run
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = mlflow.MlflowClient(uri)
+    for state, want in (("FAILED", "FAILED"), ("CANCELLED", "KILLED"), ("SUCCEEDED", "FINISHED")):
+        rid = start_pipeline_run("foxhunt", "p", {"kfp_run_id": f"kfp-{state}"}, {})
+        status = dsl.PipelineTaskFinalStatus(
+            state=state, pipeline_job_resource_name="x", pipeline_task_name="train",
+            error_code=1, error_message="train: non-finite losses/loss" * (want == "FAILED"),
+        )  # fmt: skip
+        end_tracking.python_func(kfp_run_id=f"kfp-{state}", status=status)
+        run = client.get_run(rid)
+        assert run.info.status == want, state
+        if state == "FAILED":
+            assert run.data.tags["foxhunt.error"] == "train: non-finite losses/loss"
+    # No parent (the pipeline stopped before start_tracking): nothing to end, no error.
+    end_tracking.python_func(kfp_run_id="kfp-none", status=status)

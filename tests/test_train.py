@@ -14,6 +14,7 @@ import torch
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
+from foxhunt.train.core import TrainError
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 
 TINY = DQNConfig(
@@ -203,6 +204,45 @@ def test_mlflow_layout(demo_es, tmp_path):
             assert key in child.data.metrics, key
         arts = [a.path for a in client.list_artifacts(child.info.run_id, "checkpoint")]
         assert "checkpoint/best.safetensors" in arts and "checkpoint/best.json" in arts
+
+
+def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):
+    """SIGTERM (Kubernetes stopping the pod) mid-training: the CLI exits 143 and the task's
+    MLflow runs end KILLED; a task that fails ends its runs FAILED. None stays RUNNING."""
+    import os
+    import signal
+    import time
+
+    import mlflow
+
+    cache, folds = demo_es
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cmd = [sys.executable, "-m", "foxhunt.cli", "train", "--folds", str(folds), "--cache",
+           str(cache), "--epochs", "500", "--out", str(tmp_path / "runs"), "--run-id", "r",
+           "--envs", "8", "--collect-steps", "4", "--learn-steps", "2", "--batch-size", "16",
+           "--hidden", "16", "--replay-capacity", "256", "--eval-segments", "4"]  # fmt: skip
+    env = os.environ | {"MLFLOW_TRACKING_URI": uri}
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.time() + 120
+    while not list((tmp_path / "runs").glob("r/*/resume.pt")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 143, out[-2000:]
+    client = mlflow.MlflowClient(uri)
+    runs = client.search_runs([client.get_experiment_by_name("foxhunt").experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"KILLED"}, runs
+    (note,) = (tmp_path / "runs" / "r").glob("*/failed.json")
+    assert "Terminated" in note.read_text()
+
+    diverging = dataclasses.replace(TINY, lr=1e30, noisy=False)
+    cfg = tiny_cfg(demo_es, tmp_path / "runs2", epochs=1, dqn=diverging)
+    with pytest.raises(TrainError):
+        run_train(cfg, MlflowLogger("failing", tracking_uri=uri))
+    runs = client.search_runs([client.get_experiment_by_name("failing").experiment_id])
+    assert len(runs) == 2 and {r.info.status for r in runs} == {"FAILED"}
 
 
 def test_training_imports_without_polars_mlflow_kfp_or_talib(demo_es, tmp_path):

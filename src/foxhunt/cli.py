@@ -24,7 +24,7 @@ from typing import Literal
 import tyro
 from rich.console import Console
 
-from foxhunt.errors import StepError
+from foxhunt.errors import StepError, Terminated
 
 console = Console(stderr=True)
 
@@ -215,6 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     except StepError as e:
         console.print(f"[red]{name} failed:[/red] {e}", soft_wrap=True)
         return 1
+    except (KeyboardInterrupt, Terminated) as e:
+        console.print(f"{name} stopped: {type(e).__name__}", soft_wrap=True)
+        return 143 if isinstance(e, Terminated) else 130
 
 
 if __name__ == "__main__":

@@ -7,3 +7,8 @@ traceback."""
 
 class StepError(RuntimeError):
     """A step refused its input or its output path; the message says what and why."""
+
+
+class Terminated(BaseException):  # a signal, like KeyboardInterrupt: not an Exception
+    """SIGTERM arrived (Kubernetes stopping the pod, a cancelled pipeline run), raised where
+    a step turns the signal into cleanup: notes written, runs marked KILLED."""

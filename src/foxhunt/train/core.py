@@ -30,6 +30,8 @@ import logging
 import math
 import os
 import re
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 
 from foxhunt import __version__
-from foxhunt.errors import StepError
+from foxhunt.errors import StepError, Terminated
 from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
@@ -317,10 +319,36 @@ def run_train(
             ) from None
         if logger is None:
             logger = MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger()
-        return _train_folds(
-            cfg, doc, folds, cache, data, device, digest, run_id, run_dir, state, logger,
-            on_epoch_end,
-        )  # fmt: skip
+        try:
+            with sigterm_raises():
+                return _train_folds(
+                    cfg, doc, folds, cache, data, device, digest, run_id, run_dir, state,
+                    logger, on_epoch_end,
+                )  # fmt: skip
+        except BaseException as e:
+            # Killed (SIGTERM from Kubernetes, Ctrl-C) or failed: the MLflow runs say which.
+            killed = isinstance(e, KeyboardInterrupt | SystemExit | Terminated)
+            logger.abort("KILLED" if killed else "FAILED")
+            raise
+
+
+@contextlib.contextmanager
+def sigterm_raises():
+    """Within the block, SIGTERM raises `Terminated`, so that cleanup (the failure note, the
+    runs' KILLED status) happens before the process ends; the previous handler comes back
+    after. Only the main thread can set handlers: elsewhere this does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

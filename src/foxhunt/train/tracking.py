@@ -24,6 +24,9 @@ class Logger(Protocol):
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def end_fold(self) -> None: ...
     def end_task(self, metrics: dict[str, float]) -> None: ...
+    def abort(self, status: str) -> None:
+        """End the open runs with `status` (FAILED or KILLED): a task that stops early never
+        leaves a run RUNNING."""
 
 
 class NullLogger:
@@ -45,6 +48,9 @@ class NullLogger:
         pass
 
     def end_task(self, metrics) -> None:
+        pass
+
+    def abort(self, status) -> None:
         pass
 
 
@@ -107,6 +113,20 @@ def start_pipeline_run(
     if items:
         client.log_batch(run.info.run_id, params=items)
     return run.info.run_id
+
+
+def end_pipeline_run(
+    run_id: str, status: str, message: str = "", tracking_uri: str | None = None
+) -> None:
+    """End the pipeline's parent run (FINISHED, FAILED or KILLED), with the pipeline's error
+    message as a tag when it failed. The report step ends it FINISHED when all went well; the
+    pipeline's exit handler calls this whatever happened."""
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
+    if message:
+        client.set_tag(run_id, "foxhunt.error", message[:5000])
+    client.set_terminated(run_id, status)
 
 
 def find_pipeline_run(experiment: str, kfp_run_id: str, tracking_uri: str | None = None) -> str:
@@ -202,3 +222,9 @@ class MlflowLogger:
         if metrics:
             self.log_metrics(metrics)
         self.client.set_terminated(self.parent)
+
+    def abort(self, status) -> None:
+        for run_id in (self.child, self.parent):
+            if run_id:
+                self.client.set_terminated(run_id, status)
+        self.child = None
