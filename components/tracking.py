@@ -8,26 +8,51 @@ def start_tracking(
     kfp_run_id: str,
     keys: str,
     symbol: str,
+    bar_size: str,
+    start: str,
+    end: str,
+    download_symbols: str,
+    train_months: int,
+    val_months: int,
+    test_months: int,
+    step_months: int,
+    window: str,
+    purge: int,
+    embargo: int,
     model: str,
     epochs: int,
-    bar_size: str,
+    seeds: list,
+    lr: float,
+    gamma: float,
+    n_step: int,
+    batch_size: int,
+    envs: int,
+    fee_bps: float,
+    half_spread_bps: float,
+    overrides: str,
+    raw_dir: str,
+    work_dir: str,
+    raw_pvc: str,
+    fxcache_pvc: str,
     experiment: str = "foxhunt",
 ) -> str:
-    """The MLflow parent run of this pipeline run (tags: KFP run id, git commit, fxcache key,
-    symbol, model). Returns its run id for the train and report steps."""
+    """The MLflow parent run of this pipeline run: every pipeline parameter as a run parameter
+    (each passed on its own, typed: a dict of pipeline parameters reaches a task as text that
+    KFP's local runner does not escape), tags for the KFP run id, git commit, fxcache key,
+    symbol and model. Returns its run id for the train and report steps."""
     import json
 
     from foxhunt.train.tracking import require_tracking_uri, start_pipeline_run
 
     require_tracking_uri()
+    params = {k: v for k, v in locals().items() if k not in ("kfp_run_id", "keys", "experiment")}
     tags = {
         "kfp_run_id": kfp_run_id,
         "fxcache_key": json.loads(keys)[symbol],
         "symbol": symbol,
         "model": model,
     }
-    params = {"symbol": symbol, "model": model, "epochs": epochs, "bar_size": bar_size}
-    run_id = start_pipeline_run(experiment, f"{symbol}-{model}-{kfp_run_id[:8]}", tags, params)
+    run_id = start_pipeline_run(experiment, f"{symbol} {model} {kfp_run_id[:8]}", tags, params)
     print(f"MLflow parent run {run_id}")
     return run_id
 

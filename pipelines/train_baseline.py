@@ -73,7 +73,13 @@ def build_train_baseline(
             fo.set_display_name("Walk-forward folds").set_caching_options(True)
             trk = start_tracking(
                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=pre.output, symbol=symbol,
-                model=model, epochs=epochs, bar_size=bar_size,
+                bar_size=bar_size, start=start, end=end, download_symbols=download_symbols,
+                train_months=train_months, val_months=val_months, test_months=test_months,
+                step_months=step_months, window=window, purge=purge, embargo=embargo,
+                model=model, epochs=epochs, seeds=seeds, lr=lr, gamma=gamma, n_step=n_step,
+                batch_size=batch_size, envs=envs, fee_bps=fee_bps,
+                half_spread_bps=half_spread_bps, overrides=overrides, raw_dir=raw_dir,
+                work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
             with dsl.ParallelFor(seeds, name="seeds") as seed:

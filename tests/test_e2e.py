@@ -110,6 +110,10 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     tags = parent.data.tags
     assert tags["kfp_run_id"] and tags["git_commit"] and tags["fxcache_key"]
     assert tags["symbol"] == "ES" and tags["model"] == "dqn"
+    # Every pipeline parameter, as the user gave it, and a readable name.
+    assert parent.data.params["epochs"] == "2" and parent.data.params["seeds"] == "[0, 1]"
+    assert json.loads(parent.data.params["overrides"]) == json.loads(TINY["overrides"])
+    assert parent.info.run_name.startswith("ES dqn ")
     for k in ("eval/mean_test_sharpe", "eval/mean_test_max_drawdown", "eval/deflated_sharpe"):
         assert k in parent.data.metrics, k
     plots = [a.path for a in client.list_artifacts(parent.info.run_id, "plots")]

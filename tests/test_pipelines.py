@@ -3,6 +3,7 @@ against a small KFP API server on 127.0.0.1 that records what it is sent."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 import threading
@@ -76,6 +77,9 @@ def test_train_baseline_dag(compiled):
     assert train["retryPolicy"]["maxRetryCount"] == 2
     assert t["ingest"]["retryPolicy"]["maxRetryCount"] == 2
     assert not t["report"]["cachingOptions"].get("enableCache")
+    # Every pipeline parameter reaches the MLflow parent run.
+    logged = set(t["start-tracking"]["inputs"]["parameters"]) - {"kfp_run_id", "keys"}
+    assert logged == set(doc["root"]["inputDefinitions"]["parameters"])
     # Parameters a user reruns with from the UI.
     params = doc["root"]["inputDefinitions"]["parameters"]
     for p in ("symbol", "bar_size", "start", "end", "train_months", "val_months", "test_months",
@@ -224,7 +228,7 @@ def test_tasks_that_track_refuse_to_run_without_a_tracking_server(monkeypatch, t
     monkeypatch.chdir(tmp_path)
     calls = [
         lambda: start_tracking.python_func(
-            kfp_run_id="r", keys='{"ES": "k"}', symbol="ES", model="dqn", epochs=1, bar_size="1m"
+            **dict.fromkeys(inspect.signature(start_tracking.python_func).parameters, "")
         ),
         lambda: train.python_func(work_dir=str(tmp_path), folds=None, results=None, metrics=None),
         lambda: report.python_func(

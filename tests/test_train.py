@@ -204,6 +204,26 @@ def test_mlflow_layout(demo_es, tmp_path):
             assert key in child.data.metrics, key
         arts = [a.path for a in client.list_artifacts(child.info.run_id, "checkpoint")]
         assert "checkpoint/best.safetensors" in arts and "checkpoint/best.json" in arts
+    # What tells runs apart in the compare view, names a person can read, who ran what, and
+    # the fxcache as the runs' dataset; the experiment opens in the classic view.
+    assert parent.info.run_name == "ES dqn seed0" and parent.data.tags["mlflow.user"]
+    assert parent.data.tags["mlflow.source.name"] == "foxhunt train"
+    assert parent.data.tags["foxhunt_run_id"] == "run-1" and parent.data.tags["code_version"]
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    doc = json.loads(demo_es[1].read_text())
+    for child in children:
+        p = child.data.params
+        f = next(x for x in doc["folds"] if x["fold"] == int(p["fold.id"]))
+        assert child.info.run_name == f"ES dqn seed0 fold{f['fold']} {f['periods']['test'][0][:7]}"
+        assert p["fold.test"].startswith(f["periods"]["test"][0][:7])
+        assert p["fold.train_bars"] == f"[{f['train_start']}, {f['train_end']})"
+        for key in ("train.model", "train.seed", "dqn.lr", "dqn.gamma", "env.fee_bps",
+                    "dqn.batch_size", "dqn.envs"):  # fmt: skip
+            assert p[key] == parent.data.params[key], key
+    for run in (parent, *children):
+        (inp,) = client.get_run(run.info.run_id).inputs.dataset_inputs
+        assert inp.dataset.digest == doc["fxcache_key"][:36]
+        assert inp.dataset.name.startswith("fxcache ES 1m ")
 
 
 def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):

@@ -265,6 +265,42 @@ def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dic
     write_json_atomic(path.with_suffix(".json"), doc)
 
 
+def fxcache_dataset(cache: FxCache, symbol: str, bar_size: str) -> dict:
+    """The cache as an MLflow dataset input: named by what it holds, digested by its key."""
+    m = cache.manifest
+    return {
+        "name": f"fxcache {symbol} {bar_size} {m.get('start', '?')[:10]}..{m.get('end', '?')[:10]}",
+        "digest": cache.key[:36],
+        "source": {"fxcache_key": cache.key, "path": str(cache.path)},
+        "schema": {
+            "features": m.get("features", []),
+            "ofi": m.get("ofi", []),
+            "targets": m.get("targets", []),
+        },
+        "profile": {
+            "rows": len(cache),
+            "start": m.get("start"),
+            "end": m.get("end"),
+            "feature_version": m.get("feature_version"),
+        },
+    }
+
+
+def fold_description(fold: dict, timestamps) -> dict:
+    """A fold's ranges as MLflow parameters: UTC dates of each range's first and last bar, and
+    its half-open bar indices."""
+
+    def day(i: int) -> str:
+        return str(np.datetime64(int(timestamps[i]), "ns").astype("datetime64[D]"))
+
+    out: dict = {"id": fold["fold"]}
+    for p in ("train", "val", "test"):
+        lo, hi = fold[f"{p}_start"], fold[f"{p}_end"]
+        out[p] = f"{day(lo)}..{day(hi - 1)}"
+        out[f"{p}_bars"] = f"[{lo}, {hi})"
+    return out
+
+
 def check_finite(stats: dict[str, float], val: dict[str, float], fold: int, epoch: int) -> None:
     """Stop a task whose losses or val metrics stopped being numbers: it has diverged, and
     nothing after this epoch would mean anything."""
@@ -441,9 +477,9 @@ def _train_folds(
         "bars": data.n,
         "bar_size": doc["bar_size"],
     }
-    run_ids["parent"] = logger.start_task(
-        f"{symbol}-{cfg.model}-seed{cfg.seed}", params, tags, run_ids["parent"]
-    )
+    task_name = f"{symbol} {cfg.model} seed{cfg.seed}"
+    dataset = fxcache_dataset(cache, symbol, doc["bar_size"])
+    run_ids["parent"] = logger.start_task(task_name, params, tags, run_ids["parent"], dataset)
     if not resumed:
         logger.log_metrics({"time/upload_ms": data.upload.seconds * 1e3})
 
@@ -467,11 +503,15 @@ def _train_folds(
                 torch.cuda.set_rng_state(state["rng_cuda"], device)
             run_ids["child"] = logger.start_fold(k, tags, state["run_ids"]["child"])
         else:
+            fold_params = params | {"fold": fold_description(fold, cache.timestamps)}
+            month = fold["periods"]["test"][0][:7] if "periods" in fold else ""
             agent.reset_fold(*ranges["train"], seed=cfg.seed * 100_003 + k)
             best = {"sharpe": -float("inf"), "epoch": -1}
             best_weights = None
             first_epoch = 0
-            run_ids["child"] = logger.start_fold(k, tags, None)
+            run_ids["child"] = logger.start_fold(
+                k, tags, None, f"{task_name} fold{k} {month}".strip(), fold_params, dataset
+            )
         state = None
         clock.mark("fold_reset")
         reset_s = clock.read()["fold_reset"]

@@ -18,8 +18,13 @@ from foxhunt.errors import StepError
 
 
 class Logger(Protocol):
-    def start_task(self, name: str, params: dict, tags: dict, resume_id: str | None) -> str: ...
-    def start_fold(self, fold: int, tags: dict, resume_id: str | None) -> str: ...
+    def start_task(
+        self, name: str, params: dict, tags: dict, resume_id: str | None, dataset: dict | None
+    ) -> str: ...
+    def start_fold(
+        self, fold: int, tags: dict, resume_id: str | None, name: str | None,
+        params: dict | None, dataset: dict | None,
+    ) -> str: ...  # fmt: skip
     def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None: ...
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None: ...
     def end_fold(self) -> None: ...
@@ -32,10 +37,10 @@ class Logger(Protocol):
 class NullLogger:
     """Logs nothing (tests, benchmarks)."""
 
-    def start_task(self, name, params, tags, resume_id=None) -> str:
+    def start_task(self, name, params, tags, resume_id=None, dataset=None) -> str:
         return ""
 
-    def start_fold(self, fold, tags, resume_id=None) -> str:
+    def start_fold(self, fold, tags, resume_id=None, name=None, params=None, dataset=None) -> str:
         return ""
 
     def log_metrics(self, metrics, step=None) -> None:
@@ -76,13 +81,44 @@ def require_tracking_uri() -> str:
     return uri
 
 
+# MLflow 3's UI opens an experiment of this kind in the classic tracking view (runs, metrics,
+# the compare view) rather than the GenAI one.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+
+
 def client_and_experiment(experiment: str, tracking_uri: str | None = None):
     """An MlflowClient on the store and the id of `experiment`, created when missing."""
     import mlflow
 
     client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
     exp = client.get_experiment_by_name(experiment)
-    return client, exp.experiment_id if exp else client.create_experiment(experiment)
+    if exp is None:
+        return client, client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+    if "mlflow.experimentKind" not in exp.tags:
+        for k, v in EXPERIMENT_KIND.items():
+            client.set_experiment_tag(exp.experiment_id, k, v)
+    return client, exp.experiment_id
+
+
+def source_tags(source: str) -> dict[str, str]:
+    """MLflow's own tags for who ran what: user, source, code version (its columns in the UI)."""
+    from foxhunt.provenance import code_version
+
+    user = os.environ.get("FOXHUNT_USER") or os.environ.get("USER") or "foxhunt"
+    tags = {"mlflow.user": user, "mlflow.source.name": source, "mlflow.source.type": "JOB",
+            "code_version": code_version()}  # fmt: skip
+    if commit := os.environ.get("FOXHUNT_GIT_COMMIT"):
+        tags["mlflow.source.git.commit"] = commit
+    return tags
+
+
+def log_params(client, run_id: str, params: dict) -> None:
+    """Parameters, flattened (`dqn.lr`), in batches of MLflow's limit of 100."""
+    from mlflow.entities import Param
+
+    items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+    for i in range(0, len(items), 100):
+        client.log_batch(run_id, params=items[i : i + 100])
 
 
 def flatten(d: dict, prefix: str = "") -> dict:
@@ -102,16 +138,17 @@ def start_pipeline_run(
     """The parent run of one pipeline run: the training tasks (one per model and seed) are its
     children and their folds its grandchildren; the report step logs the aggregate test metrics,
     the deflated Sharpe ratio and the plots on it. Returns its run id."""
-    from mlflow.entities import Param
-
     client, exp_id = client_and_experiment(experiment, tracking_uri)
     commit = os.environ.get("FOXHUNT_GIT_COMMIT")
-    tags = {"foxhunt.level": "pipeline", **({"git_commit": commit} if commit else {}), **tags}
+    tags = {
+        "foxhunt.level": "pipeline",
+        **source_tags("train-baseline (Kubeflow Pipelines)"),
+        **({"git_commit": commit} if commit else {}),
+        **tags,
+    }
     tags = {k: str(v) for k, v in tags.items()}
     run = client.create_run(exp_id, run_name=name, tags=tags)
-    items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
-    if items:
-        client.log_batch(run.info.run_id, params=items)
+    log_params(client, run.info.run_id, params)
     return run.info.run_id
 
 
@@ -163,34 +200,52 @@ class MlflowLogger:
         except Exception:  # MlflowException / RestException: not in this store
             return False
 
-    def start_task(self, name, params, tags, resume_id=None) -> str:
+    def start_task(self, name, params, tags, resume_id=None, dataset=None) -> str:
         if self._exists(resume_id):
             self.parent = resume_id
             return resume_id
+        tags = {**source_tags("foxhunt train"), **tags}
         tags = {k: str(v) for k, v in tags.items()}  # the REST store wants strings
         run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
         self.parent = run.info.run_id
-        from mlflow.entities import Param
-
-        items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
-        for i in range(0, len(items), 100):
-            self.client.log_batch(self.parent, params=items[i : i + 100])
+        log_params(self.client, self.parent, params)
+        if dataset:
+            self._log_dataset(self.parent, dataset)
         return self.parent
 
-    def start_fold(self, fold, tags, resume_id=None) -> str:
+    def _log_dataset(self, run_id: str, d: dict) -> None:
+        """The fxcache the run trained on, as an MLflow dataset input (the Datasets column)."""
+        import json
+
+        from mlflow.entities import Dataset, DatasetInput, InputTag
+
+        ds = Dataset(
+            name=d["name"], digest=d["digest"], source_type="fxcache",
+            source=json.dumps(d["source"]), schema=json.dumps(d["schema"]),
+            profile=json.dumps(d["profile"]),
+        )  # fmt: skip
+        tags = [InputTag(key="mlflow.data.context", value="training")]
+        self.client.log_inputs(run_id, datasets=[DatasetInput(dataset=ds, tags=tags)])
+
+    def start_fold(self, fold, tags, resume_id=None, name=None, params=None, dataset=None) -> str:
         if self._exists(resume_id):
             self.child = resume_id
             return resume_id
         run = self.client.create_run(
             self.experiment_id,
-            run_name=f"fold-{fold}",
+            run_name=name or f"fold-{fold}",
             tags={
+                **source_tags("foxhunt train"),
                 **{k: str(v) for k, v in tags.items()},
                 "fold": str(fold),
                 "mlflow.parentRunId": self.parent,
             },
         )
         self.child = run.info.run_id
+        if params:
+            log_params(self.client, self.child, params)
+        if dataset:
+            self._log_dataset(self.child, dataset)
         return self.child
 
     def _run(self) -> str:
