@@ -46,6 +46,8 @@ def start_tracking(
 
     require_tracking_uri()
     params = {k: v for k, v in locals().items() if k not in ("kfp_run_id", "keys", "experiment")}
+    # A list parameter's numbers arrive as floats (protobuf's Struct): seeds [0, 1], not [0.0, 1.0].
+    params["seeds"] = [int(x) if float(x).is_integer() else x for x in seeds]
     tags = {
         "kfp_run_id": kfp_run_id,
         "fxcache_key": json.loads(keys)[symbol],

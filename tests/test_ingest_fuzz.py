@@ -22,7 +22,7 @@ META = meta()
 PLAIN = META + RECS.tobytes()
 ZST, CUTS = zstd_file(PLAIN, frames=3, blocks_per_frame=3)
 FUZZ = settings(
-    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +16,7 @@ from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
 from foxhunt.train.core import TrainError
+from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 
 TINY = DQNConfig(
@@ -76,7 +78,7 @@ def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, mon
 
     from foxhunt.train import core
 
-    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=1)
+    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=1, fold_ids=(0,))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     first = run_train(cfg, MlflowLogger("x", tracking_uri=uri))
     retry = run_train(cfg, MlflowLogger("x", tracking_uri=uri))
@@ -90,8 +92,8 @@ def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, mon
         dataclasses.replace(cfg, run_id="run-2"), MlflowLogger("x", tracking_uri=uri)
     )
     assert not second.resumed and second.run_dir != first.run_dir
-    assert [f["test"]["sharpe"] for f in second.folds] == [123.0, 123.0]
-    assert [f["test"]["sharpe"] for f in first.folds] != [123.0, 123.0]
+    assert [f["test"]["sharpe"] for f in second.folds] == [123.0]
+    assert [f["test"]["sharpe"] for f in first.folds] != [123.0]
     # A retry of the first run under the changed code does not resume its files either.
     assert not run_train(cfg, NullLogger()).resumed
 
@@ -101,7 +103,7 @@ def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, mon
     assert sorted(t.data.tags["foxhunt_run_id"] for t in tasks) == ["run-1", "run-2"]
     for t in tasks:
         kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == t.info.run_id]
-        assert len(kids) == 2  # one per fold, in each run
+        assert len(kids) == 1  # the fold's run, in each run
 
 
 def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, caplog):
@@ -307,3 +309,48 @@ def test_resume_file_from_another_tracking_store_starts_new_runs(demo_es, tmp_pa
     # Same run directory (finished resume file), another store: its run ids do not exist there.
     b = run_train(cfg, MlflowLogger("x", tracking_uri=f"sqlite:///{tmp_path / 'b.db'}"))
     assert b.resumed and metrics_of(a) == metrics_of(b)
+
+
+def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training(demo_es, tmp_path):
+    """Loaded back from MLflow (by the fold's model URI and from the Model Registry), the
+    model gives the same greedy actions as the trainer's own evaluation of that checkpoint."""
+    import mlflow
+    import pandas as pd
+    from safetensors.torch import load_file
+
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.dqn import RainbowAgent
+    from foxhunt.train.env import PORTFOLIO
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cfg = tiny_cfg(demo_es, tmp_path / "runs", epochs=2)
+    res = run_train(cfg, MlflowLogger("models", tracking_uri=uri))
+    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
+    data = MarketData.from_fxcache(cache, torch.device("cpu"))
+    agent = RainbowAgent(TINY, cfg.env, data, seed=5)
+    rng = np.random.default_rng(0)
+    t = torch.as_tensor(rng.integers(0, len(cache), 256))
+    port = torch.as_tensor(rng.normal(0, 0.5, (256, 4)), dtype=torch.float32)
+    frame = pd.DataFrame(data.mkt[t].numpy(), columns=data.names)
+    frame[list(PORTFOLIO)] = port.numpy()
+    mlflow.set_tracking_uri(uri)
+    for f in res.folds:
+        tensors = load_file(str(res.run_dir / f"fold-{f['fold']}" / "best.safetensors"))
+        agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+        data.mean.copy_(tensors["norm.mean"])
+        data.inv_std.copy_(tensors["norm.inv_std"])
+        want = agent.act(agent.state(t, port), noise=False).numpy()
+        got = mlflow.pyfunc.load_model(f["model_uri"]).predict(frame)
+        assert list(got.columns) == ["direction", "size", "order_type"]
+        assert got.to_dict("list") == Policy.describe(want)
+    # The task's best fold (by val Sharpe) is registered, its version tagged with its metrics.
+    client = mlflow.MlflowClient(uri)
+    (mv,) = client.search_model_versions("name='foxhunt-ES-dqn'")
+    best = max(res.folds, key=lambda f: f["val"]["sharpe"])
+    assert mv.tags["fold"] == str(best["fold"]) and float(mv.tags["val_sharpe"]) == pytest.approx(
+        best["val"]["sharpe"]
+    )
+    registered = mlflow.pyfunc.load_model(f"models:/foxhunt-ES-dqn/{mv.version}")
+    assert registered.predict(frame).equals(
+        mlflow.pyfunc.load_model(best["model_uri"]).predict(frame)
+    )

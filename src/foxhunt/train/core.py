@@ -261,7 +261,12 @@ def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dic
     tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
     os.replace(tmp, path)
-    doc = {"config": dataclasses.asdict(cfg), "resolved_dqn": dataclasses.asdict(agent.cfg), **meta}
+    doc = {
+        "config": dataclasses.asdict(cfg),
+        "resolved_dqn": dataclasses.asdict(agent.cfg),
+        "columns": agent.data.names,  # the market columns the policy reads, in order
+        **meta,
+    }
     write_json_atomic(path.with_suffix(".json"), doc)
 
 
@@ -484,6 +489,7 @@ def _train_folds(
         logger.log_metrics({"time/upload_ms": data.upload.seconds * 1e3})
 
     done = {r["fold"] for r in results}
+    trained: list[int] = []  # folds finished by this call (not read back from a resume file)
     for fold in folds:
         k = fold["fold"]
         if k in done:
@@ -594,7 +600,9 @@ def _train_folds(
         ckpt = run_dir / f"fold-{k}" / "best.safetensors"
         logger.log_artifact(ckpt, "checkpoint")
         logger.log_artifact(ckpt.with_suffix(".json"), "checkpoint")
+        model_uri = logger.log_model(ckpt)  # the checkpoint as an MLflow model that acts
         logger.end_fold()
+        trained.append(k)
         results.append(
             {
                 "fold": k,
@@ -605,6 +613,7 @@ def _train_folds(
                 "fold_reset_ms": reset_s * 1e3,
                 "ranges": ranges,
                 "test_returns": f"fold-{k}/test_returns.npz",
+                "model_uri": model_uri,
             }
         )
         _save_atomic(
@@ -630,6 +639,17 @@ def _train_folds(
         "test_turnover": mean("turnover", "test"),
         "random_val_sharpe": mean("sharpe", "random_val"),
     }
+    if trained:
+        # The task's best fold by val Sharpe goes to the Model Registry, with its metrics.
+        top = max(results, key=lambda r: r["val"]["sharpe"])
+        if top.get("model_uri"):
+            logger.register_model(
+                top["model_uri"],
+                f"foxhunt-{symbol}-{cfg.model}",
+                {"foxhunt_run_id": run_id, "fold": top["fold"], "seed": cfg.seed,
+                 "val_sharpe": top["val"]["sharpe"], "test_sharpe": top["test"]["sharpe"],
+                 "fxcache_key": cache.key},
+            )  # fmt: skip
     logger.end_task({f"eval/mean_{k}": v for k, v in aggregate.items()})
     out = {
         "foxhunt_version": __version__,

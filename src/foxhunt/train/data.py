@@ -74,7 +74,8 @@ class MarketData:
             pinned=pin,
         )
         self.mkt = dev["mkt"]
-        _check_values(dev, names or [], features.shape[1])
+        self.names = list(names or [])
+        _check_values(dev, self.names, features.shape[1])
         self.high, self.low, self.close = (dev["hlc"][:, i].contiguous() for i in range(3))
         self.ret1 = dev["ret1"]
         # Per-fold normaliser, updated in place (captured graphs keep their addresses).

@@ -296,6 +296,32 @@ class BranchingQNet(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- pieces
+def branch_index(branches: tuple[int, ...] = BRANCHES) -> torch.Tensor:
+    """[nb, max_n] positions of each branch's actions among the A = sum(branches) actions side
+    by side, padded with A (a column of -inf that `per_branch` appends)."""
+    nmax, A = max(branches), sum(branches)
+    idx = torch.full((len(branches), nmax), A, dtype=torch.long)
+    o = 0
+    for b, nb in enumerate(branches):
+        idx[b, :nb] = torch.arange(o, o + nb)
+        o += nb
+    return idx
+
+
+def expected_q(out: torch.Tensor, z: torch.Tensor, iqn: bool) -> torch.Tensor:
+    """Expected return of every action, [B, A], from C51 logits [B, A, atoms] on support z or
+    IQN quantiles [B, K, A]."""
+    if iqn:
+        return out.float().mean(1)
+    return torch.matmul(F.softmax(out.float(), -1), z)
+
+
+def per_branch(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """[B, A] -> [B, nb, max_n], padded with -inf: argmax(-1) is each branch's greedy action."""
+    q = torch.cat([q, q.new_full((q.shape[0], 1), -torch.inf)], 1)
+    return q[:, index]
+
+
 def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
     """Copy the parameters into one flat leaf tensor and make each a view of its slice."""
     flat = torch.cat([p.detach().reshape(-1) for p in params]).requires_grad_()
@@ -441,11 +467,7 @@ class RainbowAgent:
         self.pad = {}
         # Padded per-branch view of the A actions for argmax/logsumexp: [nb, max_n] indices
         # into A + 1 columns, the last one -inf.
-        nmax, A = max(BRANCHES), sum(BRANCHES)
-        pad_idx = torch.full((len(BRANCHES), nmax), A, dtype=torch.long)
-        for b, (o, nb) in enumerate(zip(self.net.offsets, BRANCHES, strict=True)):
-            pad_idx[b, :nb] = torch.arange(o, o + nb)
-        self.pad_idx = pad_idx.to(dev)
+        self.pad_idx = branch_index().to(dev)
         self.offsets = torch.tensor(self.net.offsets, device=dev)
         self.n_branch = torch.tensor(BRANCHES, device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -469,14 +491,11 @@ class RainbowAgent:
 
     def q_values(self, out: torch.Tensor) -> torch.Tensor:
         """Expected return of every action, [B, A], from logits (C51) or quantiles (IQN)."""
-        if self.cfg.distribution == "iqn":
-            return out.float().mean(1)
-        return torch.matmul(F.softmax(out.float(), -1), self.z)
+        return expected_q(out, self.z, self.cfg.distribution == "iqn")
 
     def per_branch(self, q: torch.Tensor) -> torch.Tensor:
         """[B, A] -> [B, nb, max_n], padded with -inf."""
-        q = torch.cat([q, q.new_full((q.shape[0], 1), -torch.inf)], 1)
-        return q[:, self.pad_idx]
+        return per_branch(q, self.pad_idx)
 
     def _taus(self, n: int) -> torch.Tensor | None:
         if self.cfg.distribution != "iqn":

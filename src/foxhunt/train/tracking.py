@@ -33,6 +33,12 @@ class Logger(Protocol):
         """End the open runs with `status` (FAILED or KILLED): a task that stops early never
         leaves a run RUNNING."""
 
+    def log_model(self, checkpoint: Path) -> str | None:
+        """Log a checkpoint as a model of the open run; its model URI (None: not logged)."""
+
+    def register_model(self, model_uri: str, name: str, tags: dict) -> None:
+        """Register a logged model under `name`, its version tagged with `tags`."""
+
 
 class NullLogger:
     """Logs nothing (tests, benchmarks)."""
@@ -56,6 +62,12 @@ class NullLogger:
         pass
 
     def abort(self, status) -> None:
+        pass
+
+    def log_model(self, checkpoint) -> None:
+        return None
+
+    def register_model(self, model_uri, name, tags) -> None:
         pass
 
 
@@ -185,7 +197,8 @@ def find_pipeline_run(experiment: str, kfp_run_id: str, tracking_uri: str | None
 
 class MlflowLogger:
     def __init__(self, experiment: str = "foxhunt", tracking_uri: str | None = None):
-        self.client, self.experiment_id = client_and_experiment(experiment, tracking_uri)
+        self.tracking_uri = tracking_uri or default_tracking_uri()
+        self.client, self.experiment_id = client_and_experiment(experiment, self.tracking_uri)
         self.parent: str | None = None
         self.child: str | None = None
 
@@ -277,6 +290,31 @@ class MlflowLogger:
         if metrics:
             self.log_metrics(metrics)
         self.client.set_terminated(self.parent)
+
+    def log_model(self, checkpoint) -> str:
+        """The checkpoint as a pyfunc model of the open run (foxhunt.train.mlflow_model): it
+        loads anywhere with torch and acts on raw market rows and portfolio states."""
+        import mlflow
+
+        from foxhunt.train.mlflow_model import log_policy_model
+
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)  # the fluent API logs models
+        try:
+            with mlflow.start_run(run_id=self._run()):  # ends it FINISHED; end_fold follows
+                return log_policy_model(Path(checkpoint)).model_uri
+        finally:
+            mlflow.set_tracking_uri(previous)
+
+    def register_model(self, model_uri, name, tags) -> None:
+        import mlflow
+
+        previous = mlflow.get_tracking_uri()
+        mlflow.set_tracking_uri(self.tracking_uri)
+        try:
+            mlflow.register_model(model_uri, name, tags={k: str(v) for k, v in tags.items()})
+        finally:
+            mlflow.set_tracking_uri(previous)
 
     def abort(self, status) -> None:
         for run_id in (self.child, self.parent):
