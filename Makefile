@@ -47,8 +47,10 @@ compile: setup ## Compile every pipeline to build/<name>.yaml (cluster) and buil
 
 PIPELINE ?= train-baseline
 PARAMS ?=
-submit: setup ## Compile and submit PIPELINE (default train-baseline) to KFP_HOST; PARAMS="k=v ..."
-	REGISTRY=$(REGISTRY) IMAGE_TAG=$(IMAGE_TAG) $(BIN)/python -m pipelines submit $(PIPELINE) $(PARAMS)
+# PARAMS reaches the recipe through the environment (make exports command-line variables), so
+# JSON values keep their quotes and spaces: make submit PARAMS='epochs=20 overrides={"dqn": {}}'
+submit: setup ## Upload PIPELINE (default train-baseline) as a new version and run it on KFP_HOST; PARAMS="k=v ..."
+	REGISTRY=$(REGISTRY) IMAGE_TAG=$(IMAGE_TAG) $(BIN)/python -m pipelines submit $(PIPELINE) --params "$$PARAMS"
 
 REGISTRY ?= ghcr.io/foxhunt
 IMAGE_TAG ?= $(shell git rev-parse --short HEAD)

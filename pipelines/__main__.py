@@ -10,8 +10,10 @@ python -m pipelines submit train-baseline epochs=20 seeds=[0,1,2]
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,29 +59,80 @@ class SubmitError(RuntimeError):
     pass
 
 
-def parse_params(items: list[str], pipeline: str = "train-baseline") -> dict:
-    """name=value pairs, typed by the pipeline's parameters: String stays as written (JSON in
-    `overrides` too), Integer/Float/Boolean/List parse as JSON. Unknown names are an error."""
+# Values a parameter may take where its type alone does not say (the Literal types of FoldSpec
+# and TrainConfig; a test keeps them equal).
+CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn",)}
+_JSON_TYPES = {
+    "Integer": (int,),
+    "Float": (int, float),
+    "Boolean": (bool,),
+    "List": (list,),
+    "Struct": (dict,),
+}
+
+
+def pipeline_inputs(pipeline: str) -> dict:
+    """name -> KFP input spec (type, default) of a pipeline's parameters."""
     from pipelines import PIPELINES
 
     if pipeline not in PIPELINES:
         raise SubmitError(f"no pipeline {pipeline!r}; choose from {', '.join(PIPELINES)}")
-    types = {k: v.type for k, v in PIPELINES[pipeline]("local").component_spec.inputs.items()}
+    return dict(PIPELINES[pipeline]("local").component_spec.inputs)
+
+
+def split_params(text: str) -> list[str]:
+    """'a=1 overrides={"dqn": {"atoms": 21}}' -> ['a=1', 'overrides={...}']: a new parameter
+    starts at whitespace followed by a name and '=', so JSON values may hold spaces (make
+    passes PARAMS as one string)."""
+    return [p for p in re.split(r"\s+(?=[A-Za-z_][A-Za-z0-9_]*=)", text.strip()) if p]
+
+
+def parse_params(items: list[str], pipeline: str = "train-baseline") -> dict:
+    """name=value pairs checked against the pipeline's own parameters: String stays as written
+    (JSON in `overrides` too); Integer, Double, Boolean and List parse as JSON of exactly that
+    type (epochs=2.5, lr=true and seeds=0 are refused); a few strings take named choices."""
+    inputs = pipeline_inputs(pipeline)
     out = {}
     for item in items:
         if "=" not in item:
             raise SubmitError(f"parameter {item!r}: expected name=value")
         k, v = item.split("=", 1)
-        if k not in types:
-            raise SubmitError(f"{pipeline} has no parameter {k!r}; it has {', '.join(types)}")
-        if types[k] == "String":
+        if k not in inputs:
+            raise SubmitError(f"{pipeline} has no parameter {k!r}; it has {', '.join(inputs)}")
+        kind = inputs[k].type
+        if kind == "String":
+            if k in CHOICES and v not in CHOICES[k]:
+                raise SubmitError(f"parameter {k}={v!r}: choose one of {', '.join(CHOICES[k])}")
+            if k == "overrides":
+                try:
+                    json.loads(v)
+                except json.JSONDecodeError as e:
+                    raise SubmitError(f"parameter overrides: not JSON ({e})") from None
             out[k] = v
             continue
         try:
-            out[k] = json.loads(v)
+            value = json.loads(v)
         except json.JSONDecodeError:
-            raise SubmitError(f"parameter {k}={v!r}: not a valid {types[k]}") from None
+            raise SubmitError(f"parameter {k}={v!r}: not a valid {kind}") from None
+        ok = isinstance(value, _JSON_TYPES.get(kind, (object,)))
+        if isinstance(value, bool) and kind != "Boolean":
+            ok = False
+        if not ok:
+            raise SubmitError(f"parameter {k}={v!r}: {pipeline} wants a {kind} here")
+        if k == "seeds" and not all(type(x) is int and x >= 0 for x in value):
+            raise SubmitError(f"parameter seeds={v!r}: a list of non-negative integers")
+        out[k] = value
     return out
+
+
+def describe_params(pipeline: str) -> str:
+    """The pipeline's parameters with their types and defaults (submit PIPELINE --help)."""
+    lines = [f"parameters of {pipeline} (name=value; JSON for lists and numbers):", ""]
+    for name, spec in pipeline_inputs(pipeline).items():
+        default = json.dumps(spec.default) if spec.default is not None else "(required)"
+        extra = f"  one of: {', '.join(CHOICES[name])}" if name in CHOICES else ""
+        lines.append(f"  {name:18} {spec.type:8} default {default}{extra}")
+    return "\n".join(lines)
 
 
 def git_commit() -> str | None:
@@ -140,62 +193,176 @@ def run_local(name: str, params: dict) -> None:
         print(f"MLflow: {os.environ['MLFLOW_TRACKING_URI']}; `make ui` serves it on 127.0.0.1:5000")
 
 
-def submit(name: str, params: dict, experiment: str, run_name: str | None) -> str:
+LOGIN_HELP = (
+    "log in first: for a Kubeflow behind Dex/oauth2-proxy, KFP_COOKIES='authservice_session=<the "
+    "cookie of a logged-in browser tab>' (or 'oauth2_proxy=...'); with a bearer token, "
+    "KFP_TOKEN=<token> (e.g. `kubectl create token <service account> -n <profile namespace>`); "
+    "inside the cluster, KF_PIPELINES_SA_TOKEN_PATH names the projected token file; and "
+    "KFP_NAMESPACE (or --namespace) your profile namespace"
+)
+
+
+def auth() -> dict:
+    """How to authenticate to KFP_HOST, from the environment: a bearer token (KFP_TOKEN, or the
+    file KF_PIPELINES_SA_TOKEN_PATH names), or session cookies (KFP_COOKIES, for Dex)."""
+    token = os.environ.get("KFP_TOKEN", "")
+    path = os.environ.get("KF_PIPELINES_SA_TOKEN_PATH", "")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as e:
+            raise SubmitError(f"KF_PIPELINES_SA_TOKEN_PATH={path}: cannot read it ({e})") from None
+    return {"token": token or None, "cookies": os.environ.get("KFP_COOKIES") or None}
+
+
+def preflight(host: str, creds: dict, timeout: float = 10.0) -> None:
+    """One request to the API's health endpoint with the credentials, so that a refusal says
+    'not authorised' at once instead of the client's retries timing out half a minute later."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    req = urllib.request.Request(f"{host.rstrip('/')}/apis/v2beta1/healthz")
+    if creds["token"]:
+        req.add_header("Authorization", f"Bearer {creds['token']}")
+    if creds["cookies"]:
+        req.add_header("Cookie", creds["cookies"])
+    opener = urllib.request.build_opener(NoRedirect)
+    try:
+        with opener.open(req, timeout=timeout) as r:
+            kind = r.headers.get("Content-Type", "")
+            if "html" in kind:  # a login page served in place of the API
+                raise SubmitError(f"KFP_HOST={host} answered with a web page, not the API: "
+                                  f"not authorised; {LOGIN_HELP}")  # fmt: skip
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 403) or 300 <= e.code < 400:
+            what = "redirected to a login page" if e.code < 400 else f"{e.code} {e.reason}"
+            raise SubmitError(f"KFP_HOST={host}: not authorised ({what}); {LOGIN_HELP}") from None
+        raise SubmitError(f"KFP_HOST={host}: the API answered {e.code} {e.reason}") from None
+    except (urllib.error.URLError, TimeoutError, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise SubmitError(f"KFP_HOST={host}: cannot reach the KFP API ({reason})") from None
+
+
+def submit(
+    name: str,
+    params: dict,
+    experiment: str,
+    run_name: str | None,
+    namespace: str | None = None,
+) -> tuple[str, str]:
+    """Compile `name`, upload it as a version of the pipeline `name` (one version per commit and
+    compiled spec, so the Kubeflow UI lists it and can rerun any version), then start a run of
+    that version in `experiment`. Returns (run id, version name)."""
     host = os.environ.get("KFP_HOST")
     if not host:
-        raise SubmitError(
-            "KFP_HOST is not set: export KFP_HOST=https://<your Kubeflow Pipelines API>"
-        )
-    from pipelines import PIPELINES
-
-    if name not in PIPELINES:
-        raise SubmitError(f"no pipeline {name!r}; choose from {', '.join(PIPELINES)}")
+        raise SubmitError("KFP_HOST is not set: export KFP_HOST=https://<your Kubeflow>/pipeline")
+    namespace = namespace or os.environ.get("KFP_NAMESPACE") or None
+    creds = auth()
+    preflight(host, creds)
     paths = compile_all()
     package = next(p for p in paths if p.name == f"{name}.yaml")
+    commit = (git_commit() or "nocommit")[:12]
+    version = f"{commit}-{hashlib.sha256(package.read_bytes()).hexdigest()[:8]}"
     import kfp
 
     try:
-        client = kfp.Client(host=host)
-        run = client.create_run_from_pipeline_package(
-            str(package),
-            arguments=params,
-            run_name=run_name or f"{name}-{time.strftime('%Y%m%d-%H%M%S')}",
-            experiment_name=experiment,
-        )
+        client = kfp.Client(
+            host=host, existing_token=creds["token"], cookies=creds["cookies"],
+            **({"namespace": namespace} if namespace else {}),
+        )  # fmt: skip
+        pipeline_id = client.get_pipeline_id(name)
+        if pipeline_id is None:
+            pipeline_id = client.upload_pipeline(
+                str(package), pipeline_name=name, description=f"foxhunt {name}"
+            ).pipeline_id
+        version_id = _find_version(client, pipeline_id, version)
+        if version_id is None:
+            version_id = client.upload_pipeline_version(
+                str(package), pipeline_version_name=version, pipeline_id=pipeline_id,
+                description=f"commit {commit}",
+            ).pipeline_version_id  # fmt: skip
+        exp = client.create_experiment(experiment, namespace=namespace)
+        run = client.run_pipeline(
+            exp.experiment_id,
+            run_name or f"{name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
+            params=params, pipeline_id=pipeline_id, version_id=version_id,
+        )  # fmt: skip
     except Exception as e:  # the client raises urllib3, requests and ApiException errors
+        status = getattr(e, "status", None)
+        if status in (401, 403):
+            raise SubmitError(f"KFP_HOST={host}: not authorised ({status}); {LOGIN_HELP}") from None
         raise SubmitError(
             f"KFP_HOST={host} did not accept the run: {type(e).__name__}: {e}"
         ) from None
-    return run.run_id
+    return run.run_id, version
+
+
+def _find_version(client, pipeline_id: str, version: str) -> str | None:
+    flt = json.dumps(
+        {"predicates": [{"operation": "EQUALS", "key": "display_name", "stringValue": version}]}
+    )
+    found = client.list_pipeline_versions(pipeline_id, filter=flt).pipeline_versions or []
+    return found[0].pipeline_version_id if found else None
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # `submit PIPELINE --help` (or run-local): the pipeline's own parameters, typed, defaults.
+    if len(argv) >= 3 and argv[0] in ("submit", "run-local") and set(argv[2:]) & {"-h", "--help"}:
+        try:
+            print(describe_params(argv[1]))
+        except SubmitError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        return 0
     ap = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("compile", help="write build/<pipeline>.yaml and .local.yaml")
-    rl = sub.add_parser("run-local", help="run a pipeline through KFP's local runner")
-    rl.add_argument("pipeline")
-    rl.add_argument("params", nargs="*", help="name=value (JSON values)")
-    rl.add_argument("--demo", action="store_true", help="make run's CPU-sized demo settings")
-    sb = sub.add_parser("submit", help="compile and submit a run to $KFP_HOST")
-    sb.add_argument("pipeline")
-    sb.add_argument("params", nargs="*", help="name=value (JSON values)")
+    for cmd, text in (("run-local", "run a pipeline through KFP's local runner"),
+                      ("submit", "upload a pipeline version and run it on $KFP_HOST")):  # fmt: skip
+        p = sub.add_parser(cmd, help=text)
+        p.add_argument("pipeline", help="train-baseline or precompute-features")
+        p.add_argument("params", nargs="*", help="name=value (JSON for numbers and lists); "
+                       "`PIPELINE --help` lists them")  # fmt: skip
+        p.add_argument(
+            "--params", dest="params_text", default="",
+            help="the same as one string (as `make submit PARAMS=...` passes them)",
+        )  # fmt: skip
+    sub.choices["run-local"].add_argument(
+        "--demo", action="store_true", help="make run's CPU-sized demo settings"
+    )
+    sb = sub.choices["submit"]
     sb.add_argument("--experiment", default="foxhunt")
     sb.add_argument("--run-name", default=None)
-    args = ap.parse_args(argv)
+    sb.add_argument("--namespace", default=None, help="Kubeflow profile namespace "
+                    "(default: $KFP_NAMESPACE)")  # fmt: skip
+    # name=value items may come before or after the options (argparse leaves the later ones over)
+    args, extra = ap.parse_known_args(argv)
+    stray = [x for x in extra if x.startswith("-") or "=" not in x]
+    if stray or (extra and args.cmd == "compile"):
+        ap.error(f"unrecognized arguments: {' '.join(stray or extra)}")
     try:
         if args.cmd == "compile":
             for p in compile_all():
                 print(f"wrote {p}")
-        elif args.cmd == "run-local":
-            params = parse_params(args.params, args.pipeline)
+            return 0
+        items = [*args.params, *extra, *split_params(args.params_text)]
+        params = parse_params(items, args.pipeline)
+        if args.cmd == "run-local":
             run_local(args.pipeline, (demo_params() if args.demo else {}) | params)
         else:
-            run_id = submit(
-                args.pipeline, parse_params(args.params), args.experiment, args.run_name
+            run_id, version = submit(
+                args.pipeline, params, args.experiment, args.run_name, args.namespace
             )
-            print(f"submitted {args.pipeline} to {os.environ['KFP_HOST']}: run {run_id}")
+            print(
+                f"submitted {args.pipeline} version {version} to {os.environ['KFP_HOST']}: "
+                f"run {run_id}"
+            )
     except SubmitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
