@@ -5,7 +5,7 @@ fxcache PVC: ingested/, fxcache/, folds/, runs/, report/); artifacts carry the s
 
 from components.folds import folds
 from components.images import CPU_IMAGE, GPU_IMAGE
-from components.ingest import ingest
+from components.ingest import ingest, scan_raw
 from components.precompute import precompute
 from components.report import report
 from components.tracking import end_tracking, start_tracking
@@ -19,6 +19,7 @@ __all__ = [
     "ingest",
     "precompute",
     "report",
+    "scan_raw",
     "start_tracking",
     "train",
 ]

@@ -4,10 +4,29 @@ from components.images import CPU_IMAGE
 
 
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
+def scan_raw(raw_dir: str) -> str:
+    """A digest of the DBN files in raw_dir (paths, sizes, times; nothing is read): the ingest
+    step takes it as a parameter, so its cached result is reused only while the files are the
+    same. An empty or missing raw_dir gives '' (ingest downloads or says what is missing)."""
+    from pathlib import Path
+
+    from foxhunt.ingest.core import IngestError, inputs_digest
+
+    try:
+        digest = inputs_digest(Path(raw_dir))
+    except IngestError as e:
+        print(e)
+        return ""
+    print(f"raw files in {raw_dir}: digest {digest}")
+    return digest
+
+
+@dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def ingest(
     raw_dir: str,
     work_dir: str,
     manifest: dsl.Output[dsl.Artifact],
+    raw_digest: str = "",
     on_error: str = "fail",
     download_symbols: str = "",
     start: str = "",
@@ -15,7 +34,8 @@ def ingest(
     max_cost: float = 10.0,
 ) -> str:
     """DBN files in raw_dir (downloaded first when download_symbols is set; DATABENTO_API_KEY
-    from a Secret) -> Parquet in work_dir/ingested. Returns that directory."""
+    from a Secret) -> Parquet in work_dir/ingested. Returns that directory. raw_digest (from
+    scan_raw) is not used here: it is part of the step's cache key."""
     import datetime as dt
     import shutil
     from pathlib import Path

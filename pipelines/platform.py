@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
-from components import ingest, precompute
+from components import ingest, precompute, scan_raw
 
 RAW_MOUNT = "/data/raw"
 WORK_MOUNT = "/data/work"
@@ -41,6 +41,7 @@ class Resources:
 
 
 RESOURCES = {
+    "scan": Resources("500m", "1G"),
     "ingest": Resources("4", "16G"),
     "precompute": Resources("8", "32G"),
     "folds": Resources("1", "4G"),
@@ -91,15 +92,20 @@ def ingest_and_precompute(
     local: bool, cluster: Cluster, raw_dir, work_dir, download_symbols, start, end, symbols,
     bar_size, raw_pvc, fxcache_pvc,
 ) -> tuple[PipelineTask, PipelineTask]:  # fmt: skip
-    """The first two steps, as both pipelines run them: cached, ingest retried (downloads)."""
-    ing = ingest(raw_dir=raw_dir, work_dir=work_dir, download_symbols=download_symbols,
-                 start=start, end=end)  # fmt: skip
+    """The first steps, as both pipelines run them: a scan of the raw files (never cached), then
+    ingest and precompute, cached while the scan's digest and the parameters are the same;
+    ingest retried (downloads)."""
+    scan = scan_raw(raw_dir=raw_dir)
+    scan.set_display_name("Scan raw DBN files").set_caching_options(False)
+    ing = ingest(raw_dir=raw_dir, work_dir=work_dir, raw_digest=scan.output,
+                 download_symbols=download_symbols, start=start, end=end)  # fmt: skip
     ing.set_display_name("Ingest DBN files").set_caching_options(True)
     ing.set_retry(num_retries=2, backoff_duration="60s")
     pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbols,
                      bar_size=bar_size)  # fmt: skip
     pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
     if not local:
+        configure(scan, "scan", cluster, raw_pvc)
         configure(ing, "ingest", cluster, raw_pvc, fxcache_pvc, (DATABENTO_SECRET,))
         configure(pre, "precompute", cluster, work_pvc=fxcache_pvc)
     return ing, pre

@@ -481,3 +481,24 @@ def test_every_record_layout_is_whole_words():
             for ts_out in (False, True):
                 size = layout.dtype(version, ts_out).itemsize
                 assert size % 8 == 0, (name, version, ts_out, size)
+
+
+def test_the_inputs_digest_follows_the_raw_files(small_raw, tmp_path):
+    """What the pipeline's scan step hands to ingest as its cache key: the same for the same
+    files, different when one is added, replaced or removed (hidden files do not count)."""
+    from foxhunt.ingest.core import inputs_digest
+
+    raw = tmp_path / "raw"
+    shutil.copytree(small_raw, raw)
+    first = inputs_digest(raw)
+    assert inputs_digest(raw) == first
+    (raw / ".partial.dbn.zst.tmp").write_bytes(b"x")
+    assert inputs_digest(raw) == first
+    f = sorted(raw.rglob("*.dbn.zst"))[0]
+    extra = f.with_name("glbx-mdp3-20240311.trades.dbn.zst")
+    shutil.copy(f, extra)
+    assert inputs_digest(raw) != first
+    extra.unlink()
+    assert inputs_digest(raw) == first
+    f.write_bytes(f.read_bytes() + b"\0")
+    assert inputs_digest(raw) != first

@@ -56,7 +56,15 @@ def test_train_baseline_dag(compiled):
     status = root["end-tracking"]["inputs"]["parameters"]["status"]["taskFinalStatus"]
     assert status == {"producerTask": "exit-handler-1"}
     t = doc["components"]["comp-exit-handler-1"]["dag"]["tasks"]
-    assert set(t) == {"ingest", "precompute", "folds", "start-tracking", "for-loop-2", "report"}
+    assert set(t) == {
+        "scan-raw", "ingest", "precompute", "folds", "start-tracking", "for-loop-2", "report"
+    }  # fmt: skip
+    # KFP's cache sees parameters, not volumes: the scan's digest of the raw files is one of
+    # ingest's inputs, and the scan itself is never cached.
+    assert t["ingest"]["dependentTasks"] == ["scan-raw"]
+    digest = t["ingest"]["inputs"]["parameters"]["raw_digest"]["taskOutputParameter"]
+    assert digest["producerTask"] == "scan-raw"
+    assert not t["scan-raw"]["cachingOptions"].get("enableCache")
     assert t["precompute"]["dependentTasks"] == ["ingest"]
     assert t["folds"]["dependentTasks"] == ["precompute"]
     assert sorted(t["for-loop-2"]["dependentTasks"]) == ["folds", "start-tracking"]
@@ -112,6 +120,7 @@ def test_volumes_and_secrets_by_name_only(compiled):
                   .removeprefix("pipelinechannel--")
                   for m in k8s[e].get("pvcMount", [])} for e in k8s}  # fmt: skip
     assert mounts["exec-ingest"] == {"/data/raw": "raw_pvc", "/data/work": "fxcache_pvc"}
+    assert mounts["exec-scan-raw"] == {"/data/raw": "raw_pvc"}
     for e in ("exec-precompute", "exec-folds", "exec-train", "exec-report"):
         assert mounts[e] == {"/data/work": "fxcache_pvc"}, e
     assert mounts["exec-start-tracking"] == {}
@@ -130,7 +139,7 @@ def test_local_variant_leaves_out_the_cluster(compiled):
     assert "accelerator" not in text
     assert doc["root"]["inputDefinitions"]["parameters"]["work_dir"]["defaultValue"] == "data"
     _, pf = compiled["precompute-features.yaml"]
-    assert set(tasks(pf)) == {"ingest", "precompute"}
+    assert set(tasks(pf)) == {"scan-raw", "ingest", "precompute"}
 
 
 def test_parse_params_by_the_pipeline_types():

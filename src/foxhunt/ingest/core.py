@@ -443,6 +443,16 @@ def _fingerprints(files: list[Path], raw: Path) -> list[dict]:
     return out
 
 
+def inputs_digest(raw: Path, schemas: tuple[str, ...] = ()) -> str:
+    """A digest of what `foxhunt ingest` would read under `raw`: every input's path, size and
+    modification time (no file is read). The pipeline passes it to the ingest step so that KFP's
+    step cache, which sees parameters and not volumes, misses when the raw files change."""
+    rows = [
+        (f["path"], f["size"], f["mtime_ns"]) for f in _fingerprints(find_inputs(raw, schemas), raw)
+    ]
+    return hashlib.sha256(json.dumps(rows).encode()).hexdigest()[:32]
+
+
 def _unchanged(cfg: IngestConfig, files: list[Path]) -> bool:
     """True when the last manifest saw exactly these inputs with these settings. Size and
     mtime settle it when they match; otherwise the content digests decide."""
