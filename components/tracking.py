@@ -34,6 +34,8 @@ def start_tracking(
     work_dir: str,
     raw_pvc: str,
     fxcache_pvc: str,
+    gpu_node_selector: dict,
+    gpu_tolerations: list,
     experiment: str = "foxhunt",
 ) -> str:
     """The MLflow parent run of this pipeline run: every pipeline parameter as a run parameter

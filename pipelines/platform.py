@@ -9,6 +9,7 @@ infra/ holds templates of both without values.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from kfp import kubernetes
@@ -51,14 +52,47 @@ RESOURCES = {
 }
 
 
+# Where the train step may run is a run parameter (a Kubeflow UI rerun can pick other GPU
+# nodes): the nodes' labels to select and the taints to tolerate, as JSON. By default any node
+# offering the GPU resource, tolerating the usual nvidia.com/gpu taint.
+GPU_NODE_SELECTOR: dict = {}
+GPU_TOLERATIONS: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+
+# Steps that run longer than this are stopped (and their retries begin), in seconds.
+TIMEOUTS = {
+    "scan": 600,
+    "ingest": 6 * 3600,
+    "precompute": 6 * 3600,
+    "folds": 600,
+    "tracking": 600,
+    "train": 24 * 3600,
+    "report": 1800,
+}
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """Cluster settings fixed at compile time (PVC names are run parameters)."""
+    """Cluster settings fixed at compile time (volumes and GPU placement are run parameters).
+    `from_env` reads them from the environment `make compile|submit` runs in."""
 
     gpu_type: str = "nvidia.com/gpu"
     """Accelerator resource of the train task."""
-    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
-    """Node label nvidia.com/gpu.product the train task is scheduled on ('' for any)."""
+    image_pull_secrets: tuple[str, ...] = ()
+    """Secrets (in the pipeline's namespace) to pull the images from a private registry."""
+    timeouts: tuple[tuple[str, int], ...] = tuple(TIMEOUTS.items())
+    """Seconds each step may run."""
+
+    @classmethod
+    def from_env(cls) -> Cluster:
+        """GPU_RESOURCE, IMAGE_PULL_SECRETS (comma-separated) and TIMEOUT_<STEP> (seconds,
+        e.g. TIMEOUT_TRAIN=172800) override the defaults."""
+        timeouts = {k: int(os.environ.get(f"TIMEOUT_{k.upper()}", v)) for k, v in TIMEOUTS.items()}
+        secrets = tuple(x for x in os.environ.get("IMAGE_PULL_SECRETS", "").split(",") if x)
+        return cls(
+            gpu_type=os.environ.get("GPU_RESOURCE", cls.gpu_type),
+            image_pull_secrets=secrets,
+            timeouts=tuple(timeouts.items()),
+        )
 
 
 def configure(
@@ -68,17 +102,23 @@ def configure(
     raw_pvc=None,
     work_pvc=None,
     secrets: tuple = (),
+    gpu_node_selector=None,
+    gpu_tolerations=None,
 ) -> PipelineTask:
+    """Resources, time-out, pull secrets, volumes and Secrets of a step; GPU steps get the
+    accelerator and the node selector and tolerations passed in (run parameters)."""
     r = RESOURCES[step]
     task.set_cpu_request(r.cpu).set_cpu_limit(r.cpu)
     task.set_memory_request(r.memory).set_memory_limit(r.memory)
+    kubernetes.set_timeout(task, dict(cluster.timeouts)[step])
+    if cluster.image_pull_secrets:
+        kubernetes.set_image_pull_secrets(task, list(cluster.image_pull_secrets))
     if r.gpu:
         task.set_accelerator_type(cluster.gpu_type).set_accelerator_limit(r.gpu)
-        kubernetes.add_toleration(
-            task, key=cluster.gpu_type, operator="Exists", effect="NoSchedule"
-        )
-        if cluster.gpu_product:
-            kubernetes.add_node_selector(task, "nvidia.com/gpu.product", cluster.gpu_product)
+        if gpu_node_selector is not None:
+            kubernetes.add_node_selector_json(task, gpu_node_selector)
+        if gpu_tolerations is not None:
+            kubernetes.add_toleration_json(task, gpu_tolerations)
     if raw_pvc is not None:
         kubernetes.mount_pvc(task, pvc_name=raw_pvc, mount_path=RAW_MOUNT)
     if work_pvc is not None:

@@ -11,7 +11,7 @@ def build_precompute_features(
     platform: Literal["cluster", "local"] = "cluster", cluster: Cluster | None = None
 ):
     local = platform == "local"
-    cluster = cluster or Cluster()
+    cluster = cluster or Cluster.from_env()
 
     @dsl.pipeline(name="precompute-features", description="Databento DBN -> fxcache")
     def precompute_features(

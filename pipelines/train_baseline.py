@@ -6,6 +6,8 @@ from kfp import dsl
 
 from components import end_tracking, folds, report, start_tracking, train
 from pipelines.platform import (
+    GPU_NODE_SELECTOR,
+    GPU_TOLERATIONS,
     MLFLOW_SECRET,
     RAW_MOUNT,
     WORK_MOUNT,
@@ -19,7 +21,7 @@ def build_train_baseline(
     platform: Literal["cluster", "local"] = "cluster", cluster: Cluster | None = None
 ):
     local = platform == "local"
-    cluster = cluster or Cluster()
+    cluster = cluster or Cluster.from_env()
     raw_default = "data/raw" if local else RAW_MOUNT
     work_default = "data" if local else WORK_MOUNT
 
@@ -55,6 +57,8 @@ def build_train_baseline(
         work_dir: str = work_default,
         raw_pvc: str = "foxhunt-raw",
         fxcache_pvc: str = "foxhunt-fxcache",
+        gpu_node_selector: dict = GPU_NODE_SELECTOR,
+        gpu_tolerations: list = GPU_TOLERATIONS,
     ):
         # Whatever stops a task, the exit task ends the MLflow parent run with the pipeline's
         # outcome (FINISHED, FAILED, KILLED): no run is left RUNNING.
@@ -80,6 +84,7 @@ def build_train_baseline(
                 batch_size=batch_size, envs=envs, fee_bps=fee_bps,
                 half_spread_bps=half_spread_bps, overrides=overrides, raw_dir=raw_dir,
                 work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
+                gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
             with dsl.ParallelFor(seeds, name="seeds") as seed:
@@ -102,7 +107,10 @@ def build_train_baseline(
             configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
             configure(trk, "tracking", cluster, secrets=(MLFLOW_SECRET,))
             configure(outcome, "tracking", cluster, secrets=(MLFLOW_SECRET,))
-            configure(tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
+            configure(
+                tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,),
+                gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
+            )  # fmt: skip
             configure(rep, "report", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
 
     return train_baseline

@@ -127,8 +127,21 @@ def test_volumes_and_secrets_by_name_only(compiled):
     assert k8s["exec-ingest"]["secretAsEnv"][0]["secretName"] == "foxhunt-databento"
     for e in ("exec-train", "exec-report", "exec-start-tracking", "exec-end-tracking"):
         assert k8s[e]["secretAsEnv"][0]["secretName"] == "foxhunt-mlflow", e
-    assert k8s["exec-train"]["nodeSelector"]["labels"]["nvidia.com/gpu.product"]
-    assert k8s["exec-train"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    # GPU placement is a run parameter (JSON), not a GPU model fixed in code.
+    train = k8s["exec-train"]
+    assert train["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"].endswith(
+        "gpu_node_selector"
+    )
+    assert train["tolerations"][0]["tolerationJson"]["componentInputParameter"].endswith(
+        "gpu_tolerations"
+    )
+    params = doc["root"]["inputDefinitions"]["parameters"]
+    assert params["gpu_tolerations"]["defaultValue"][0]["key"] == "nvidia.com/gpu"
+    assert params["gpu_node_selector"]["defaultValue"] == {}
+    assert "H100" not in text
+    # Every step has a time-out.
+    assert int(train["activeDeadlineSeconds"]) == 24 * 3600
+    assert all("activeDeadlineSeconds" in k8s[e] for e in k8s), sorted(k8s)
     # Values never: the environment's secrets are not baked into the YAML.
     assert "SENTINEL" not in text
 
@@ -405,3 +418,22 @@ def test_the_exit_task_ends_the_parent_run_with_the_pipeline_outcome(monkeypatch
             assert run.data.tags["foxhunt.error"] == "train: non-finite losses/loss"
     # No parent (the pipeline stopped before start_tracking): nothing to end, no error.
     end_tracking.python_func(kfp_run_id="kfp-none", status=status)
+
+
+def test_cluster_settings_from_the_environment(monkeypatch, tmp_path):
+    """Pull secrets and time-outs are set where make compile|submit runs; GPU placement is a
+    run parameter, given as JSON."""
+    from pipelines.platform import Cluster
+
+    monkeypatch.setenv("IMAGE_PULL_SECRETS", "regcred,other")
+    monkeypatch.setenv("TIMEOUT_TRAIN", "172800")
+    c = Cluster.from_env()
+    assert c.image_pull_secrets == ("regcred", "other") and dict(c.timeouts)["train"] == 172800
+    paths = compile_all(tmp_path)
+    doc = list(yaml.safe_load_all(next(p for p in paths if p.name == "train-baseline.yaml")
+                                  .read_text()))[1]  # fmt: skip
+    k8s = doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert [x["secretName"] for x in k8s["exec-train"]["imagePullSecret"]] == ["regcred", "other"]
+    assert k8s["exec-train"]["activeDeadlineSeconds"] == "172800"
+    got = parse_params(['gpu_node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"}'])
+    assert got == {"gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}
