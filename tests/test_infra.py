@@ -18,11 +18,16 @@ BASE = REPO / "infra" / "base"
 K8S_VERSION = "1.31.0"
 
 
-def base_docs() -> list[dict]:
-    kust = yaml.safe_load((BASE / "kustomization.yaml").read_text())
+def base_docs(root: Path = BASE) -> list[dict]:
+    """The manifests a kustomization lists, following directories that are kustomizations."""
+    kust = yaml.safe_load((root / "kustomization.yaml").read_text())
     docs = []
     for res in kust["resources"]:
-        docs += [d for d in yaml.safe_load_all((BASE / res).read_text()) if d]
+        path = (root / res).resolve()
+        if path.is_dir():
+            docs += base_docs(path)
+        else:
+            docs += [d for d in yaml.safe_load_all(path.read_text()) if d]
     return docs
 
 
