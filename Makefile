@@ -52,8 +52,10 @@ PARAMS ?=
 submit: setup ## Upload PIPELINE (default train-baseline) as a new version and run it on KFP_HOST; PARAMS="k=v ..."
 	REGISTRY=$(REGISTRY) IMAGE_TAG=$(IMAGE_TAG) $(BIN)/python -m pipelines submit $(PIPELINE) --params "$$PARAMS"
 
+# One registry and tag for the images, the pipelines (components/images.py uses the same rule)
+# and infra's MLflow image.
 REGISTRY ?= ghcr.io/foxhunt
-IMAGE_TAG ?= $(shell git rev-parse --short HEAD)
+IMAGE_TAG ?= $(shell git rev-parse --short=12 HEAD)
 images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, default: the commit)
 	docker build -f images/Dockerfile.cpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.gpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG) .
@@ -62,9 +64,17 @@ images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, def
 	docker push $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)
 
-deploy-infra: ## Apply infra/base (namespace, volumes, MLflow server) to the current kubectl context
-	kubectl apply -k infra/base
+deploy-infra: setup ## Apply infra/base (namespace, volumes, MLflow server; image REGISTRY/foxhunt-mlflow:IMAGE_TAG)
+	$(BIN)/python infra/render.py base --image $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG) --out build/infra
+	kubectl apply -k build/infra
 	@echo "now create the Secrets from infra/secrets/*.yaml (see infra/README.md)"
+
+NAMESPACE ?=
+STORAGE_CLASS ?=
+deploy-volumes: setup ## Create the two PVCs in NAMESPACE (your Kubeflow profile) of STORAGE_CLASS (RWX)
+	@test -n "$(NAMESPACE)" || { echo "NAMESPACE=<your Kubeflow profile namespace> is needed"; exit 2; }
+	$(BIN)/python infra/render.py volumes --namespace $(NAMESPACE) --storage-class "$(STORAGE_CLASS)" --out build/infra-volumes
+	kubectl apply -f build/infra-volumes
 
 lock: setup ## Regenerate images/requirements.lock from the venv's installed versions
 	$(BIN)/python images/lock.py
@@ -76,12 +86,12 @@ test: setup ## Run the test suite (no GPU needed)
 	$(BIN)/python -m pytest -q
 
 lint: setup ## Check format and lint with ruff
-	$(BIN)/ruff format --check src tests bench components pipelines images
-	$(BIN)/ruff check src tests bench components pipelines images
+	$(BIN)/ruff format --check src tests bench components pipelines images infra
+	$(BIN)/ruff check src tests bench components pipelines images infra
 
 format: setup ## Format the code with ruff
-	$(BIN)/ruff format src tests bench components pipelines images
-	$(BIN)/ruff check --fix src tests bench components pipelines images
+	$(BIN)/ruff format src tests bench components pipelines images infra
+	$(BIN)/ruff check --fix src tests bench components pipelines images infra
 
 bench: setup ## Run the CPU benchmarks (synth, ingest and precompute throughput, fxcache open)
 	$(BIN)/python bench/bench_ingest.py
@@ -97,4 +107,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run compile submit images deploy-infra lock ui test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit images deploy-infra deploy-volumes lock ui test lint format bench bench-gpu features-doc clean

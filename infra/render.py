@@ -1,10 +1,10 @@
 """Render what `make deploy-infra` and `make deploy-volumes` apply, into build/.
 
-    python infra/render.py base --image ghcr.io/you/foxhunt-mlflow:<tag> --out build/infra
-        a kustomize overlay of infra/base naming the MLflow image: the same registry and tag
-        as `make images` and the pipelines (`kubectl apply -k build/infra`)
-    python infra/render.py volumes --namespace <profile> [--storage-class <rwx class>] --out D
-        the two PVCs of infra/volumes in that namespace, of that class (`kubectl apply -f D`)
+python infra/render.py base --image ghcr.io/you/foxhunt-mlflow:<tag> --out build/infra
+    a kustomize overlay of infra/base naming the MLflow image: the same registry and tag
+    as `make images` and the pipelines (`kubectl apply -k build/infra`)
+python infra/render.py volumes --namespace <profile> [--storage-class <rwx class>] --out D
+    the two PVCs of infra/volumes in that namespace, of that class (`kubectl apply -f D`)
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -247,12 +248,51 @@ def preflight(host: str, creds: dict, timeout: float = 10.0) -> None:
         raise SubmitError(f"KFP_HOST={host}: cannot reach the KFP API ({reason})") from None
 
 
+def image_status(image: str) -> tuple[str, str]:
+    """('present' | 'missing' | 'unknown', how it was told) for an image in its registry, asked
+    with the first of docker, skopeo or crane found here (their own login is used)."""
+    tools = (
+        ("docker", ["docker", "manifest", "inspect", image]),
+        ("skopeo", ["skopeo", "inspect", "--raw", f"docker://{image}"]),
+        ("crane", ["crane", "manifest", image]),
+    )
+    for tool, cmd in tools:
+        if shutil.which(tool) is None:
+            continue
+        try:
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return "unknown", f"{tool}: {e}"
+        if r.returncode == 0:
+            return "present", tool
+        err = (r.stderr or r.stdout).strip().lower()
+        if any(m in err for m in ("no such manifest", "manifest unknown", "not found")):
+            return "missing", tool
+        return "unknown", f"{tool}: {err.splitlines()[-1] if err else r.returncode}"
+    return "unknown", "no docker, skopeo or crane here"
+
+
+def check_images(images: list[str]) -> None:
+    """Refuse to submit a pipeline whose images are not in their registry (pods would sit in
+    ImagePullBackOff); when it cannot be told from here, say so and go on."""
+    for image in images:
+        status, how = image_status(image)
+        if status == "missing":
+            raise SubmitError(
+                f"image {image} is not in its registry ({how}): build and push it "
+                "(make images REGISTRY=... IMAGE_TAG=...), or set IMAGE_TAG to a tag that exists"
+            )
+        if status == "unknown":
+            print(f"note: could not check that {image} exists ({how})", file=sys.stderr)
+
+
 def submit(
     name: str,
     params: dict,
     experiment: str,
     run_name: str | None,
     namespace: str | None = None,
+    check: bool = True,
 ) -> tuple[str, str]:
     """Compile `name`, upload it as a version of the pipeline `name` (one version per commit and
     compiled spec, so the Kubeflow UI lists it and can rerun any version), then start a run of
@@ -263,6 +303,10 @@ def submit(
     namespace = namespace or os.environ.get("KFP_NAMESPACE") or None
     creds = auth()
     preflight(host, creds)
+    if check:
+        from components.images import CPU_IMAGE, GPU_IMAGE
+
+        check_images([CPU_IMAGE] if name == "precompute-features" else [CPU_IMAGE, GPU_IMAGE])
     paths = compile_all()
     package = next(p for p in paths if p.name == f"{name}.yaml")
     commit = (git_commit() or "nocommit")[:12]
@@ -341,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     sb.add_argument("--run-name", default=None)
     sb.add_argument("--namespace", default=None, help="Kubeflow profile namespace "
                     "(default: $KFP_NAMESPACE)")  # fmt: skip
+    sb.add_argument("--skip-image-check", action="store_true",
+                    help="do not ask the registry whether the images exist")  # fmt: skip
     # name=value items may come before or after the options (argparse leaves the later ones over)
     args, extra = ap.parse_known_args(argv)
     stray = [x for x in extra if x.startswith("-") or "=" not in x]
@@ -357,8 +403,9 @@ def main(argv: list[str] | None = None) -> int:
             run_local(args.pipeline, (demo_params() if args.demo else {}) | params)
         else:
             run_id, version = submit(
-                args.pipeline, params, args.experiment, args.run_name, args.namespace
-            )
+                args.pipeline, params, args.experiment, args.run_name, args.namespace,
+                check=not args.skip_image_check,
+            )  # fmt: skip
             print(
                 f"submitted {args.pipeline} version {version} to {os.environ['KFP_HOST']}: "
                 f"run {run_id}"

@@ -99,3 +99,26 @@ def test_mlflow_runs_non_root_behind_allowed_hosts_and_a_network_policy():
     assert np_["spec"]["podSelector"]["matchLabels"].items() <= pod_labels.items()
     assert svc["spec"]["selector"].items() <= labels.items()
     assert np_["spec"]["ingress"][0]["ports"][0]["port"] == 5000
+
+
+def test_rendered_overlays_name_the_image_and_put_the_volumes_in_a_profile(tmp_path):
+    import sys
+
+    sys.path.insert(0, str(REPO / "infra"))
+    import render
+
+    kust = render.render_base("registry.example/team/foxhunt-mlflow:0123456789ab", tmp_path / "b")
+    doc = yaml.safe_load(kust.read_text())
+    (image,) = doc["images"]
+    assert image["name"] == "foxhunt-mlflow" and image["newTag"] == "0123456789ab"
+    assert image["newName"] == "registry.example/team/foxhunt-mlflow"
+    assert (kust.parent / doc["resources"][0]).resolve() == BASE
+    paths = render.render_volumes("team-a", "efs-sc", tmp_path / "v")
+    docs = [yaml.safe_load(p.read_text()) for p in paths]
+    assert {d["metadata"]["name"] for d in docs} == {"foxhunt-raw", "foxhunt-fxcache"}
+    for d in docs:
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+        assert d["metadata"]["namespace"] == "team-a" and d["spec"]["storageClassName"] == "efs-sc"
+        assert d["spec"]["accessModes"] == ["ReadWriteMany"]
+    with pytest.raises(SystemExit, match="expected"):
+        render.render_base("no-tag", tmp_path / "c")

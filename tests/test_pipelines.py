@@ -285,6 +285,15 @@ class Recorder(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.fixture(autouse=True)
+def no_registry(monkeypatch, request):
+    """Submits in these tests do not ask a registry (one test checks that path itself)."""
+    if "image_check" not in request.node.name:
+        import pipelines.__main__ as cli
+
+        monkeypatch.setattr(cli, "image_status", lambda image: ("unknown", "not in tests"))
+
+
 @pytest.fixture
 def kfp_server():
     Recorder.log, Recorder.state, Recorder.token = [], {}, None
@@ -437,3 +446,52 @@ def test_cluster_settings_from_the_environment(monkeypatch, tmp_path):
     assert k8s["exec-train"]["activeDeadlineSeconds"] == "172800"
     got = parse_params(['gpu_node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"}'])
     assert got == {"gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}
+
+
+def test_submit_image_check_refuses_images_missing_from_the_registry(
+    kfp_server, monkeypatch, tmp_path, capsys
+):
+    """A fake `docker` answers as `docker manifest inspect` does; with none of the tools the
+    check says it could not look and goes on."""
+    import os
+    import shutil
+
+    host, log = kfp_server
+    monkeypatch.setenv("KFP_HOST", host)
+    monkeypatch.chdir(tmp_path)
+    for k in ("KFP_TOKEN", "KFP_COOKIES", "KF_PIPELINES_SA_TOKEN_PATH"):
+        monkeypatch.delenv(k, raising=False)
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    os.symlink(shutil.which("git"), tools / "git")
+    monkeypatch.setenv("PATH", str(tools))
+    docker = tools / "docker"
+    docker.write_text("#!/bin/sh\necho 'no such manifest: '$4 >&2\nexit 1\n")
+    docker.chmod(0o755)
+    assert main(["submit", "train-baseline"]) == 2
+    err = capsys.readouterr().err
+    assert "is not in its registry (docker)" in err and "foxhunt-cpu:" in err
+    assert not _posts(log, "/apis/v2beta1/runs")
+    docker.write_text("#!/bin/sh\necho '{}'\n")
+    assert main(["submit", "train-baseline"]) == 0
+    docker.unlink()
+    assert main(["submit", "train-baseline"]) == 0
+    assert "could not check that" in capsys.readouterr().err
+    assert main(["submit", "train-baseline", "--skip-image-check"]) == 0
+
+
+def test_one_image_tag_everywhere(tmp_path):
+    """make images, the compiled pipelines and infra's MLflow image agree on registry and tag."""
+    import subprocess
+
+    from components import images
+
+    want = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True,
+                          text=True, cwd=Path(__file__).parent).stdout.strip()  # fmt: skip
+    if want:
+        assert images.default_tag() == want
+    make = (Path(__file__).parents[1] / "Makefile").read_text()
+    assert "IMAGE_TAG ?= $(shell git rev-parse --short=12 HEAD)" in make
+    assert "--image $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)" in make
+    for image in ("foxhunt-cpu", "foxhunt-gpu", "foxhunt-mlflow"):
+        assert f"$(REGISTRY)/{image}:$(IMAGE_TAG)" in make
