@@ -90,8 +90,18 @@ def test_mlflow_runs_non_root_behind_allowed_hosts_and_a_network_policy():
     (c,) = pod["containers"]
     assert c["securityContext"]["allowPrivilegeEscalation"] is False
     assert c["securityContext"]["capabilities"]["drop"] == ["ALL"]
-    assert any(a.startswith("--allowed-hosts=") for a in c["args"])
-    assert any("backend-store-uri" in a for a in c["args"])
+    (script,) = c["args"]
+    assert c["command"] == ["/bin/sh", "-c"] and "--app-name basic-auth" in script
+    assert "--allowed-hosts=" in script and "backend-store-uri" in script
+    env = {e["name"]: e for e in c["env"]}
+    hosts = env["MLFLOW_SERVICE_HOSTS"]["value"].split(",")
+    assert "mlflow.foxhunt.svc.cluster.local:5000" in hosts and "mlflow" in hosts
+    for k in (
+        "MLFLOW_ADMIN_PASSWORD",
+        "MLFLOW_AUTH_DATABASE_URI",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    ):
+        assert "secretKeyRef" in env[k]["valueFrom"], k
     assert "secretKeyRef" in str(c["env"])  # store settings come from a Secret
     (svc,) = by_kind(docs, "Service")
     (np_,) = by_kind(docs, "NetworkPolicy")
@@ -122,3 +132,74 @@ def test_rendered_overlays_name_the_image_and_put_the_volumes_in_a_profile(tmp_p
         assert d["spec"]["accessModes"] == ["ReadWriteMany"]
     with pytest.raises(SystemExit, match="expected"):
         render.render_base("no-tag", tmp_path / "c")
+
+
+def test_the_deployed_mlflow_server_answers_only_its_users(tmp_path):
+    """The Deployment's own start script, run here with local stores: /health is open, the API
+    wants a user (401 without, 200 with the admin's), and the password is in a mode-600 file
+    under /tmp, not in the manifest; the Host header of a port-forward is accepted."""
+    import os
+    import signal
+    import socket
+    import sys
+    import time
+    import urllib.error
+    import urllib.request
+
+    (dep,) = by_kind(base_docs(), "Deployment")
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    fixed = {e["name"]: e["value"] for e in c["env"] if "value" in e}
+    env = os.environ | fixed | {
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "MLFLOW_AUTH_CONFIG_PATH": str(tmp_path / "basic_auth.ini"),
+        "MLFLOW_AUTH_DATABASE_URI": f"sqlite:///{tmp_path / 'auth.db'}",
+        "MLFLOW_ADMIN_USERNAME": "admin", "MLFLOW_ADMIN_PASSWORD": "pass-4-test-only",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "0123456789abcdef",
+        "MLFLOW_BACKEND_STORE_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+        "MLFLOW_ARTIFACTS_DESTINATION": str(tmp_path / "artifacts"),
+        "MLFLOW_HOST": "127.0.0.1", "MLFLOW_PORT": str(port),
+    }  # fmt: skip
+    log = open(tmp_path / "server.log", "w")
+    proc = subprocess.Popen(["/bin/sh", "-c", c["args"][0]], env=env, stdout=log,
+                            stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+
+    def get(path, user=None):
+        req = urllib.request.Request(url + path)
+        if user:
+            import base64
+
+            token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+            req.add_header("Authorization", f"Basic {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status
+        except urllib.error.HTTPError as e:
+            return e.code
+
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                if get("/health") == 200:
+                    break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.time() > deadline:
+                pytest.fail("server did not start:\n" + (tmp_path / "server.log").read_text())
+            time.sleep(0.5)
+        api = "/api/2.0/mlflow/experiments/search?max_results=1"
+        assert get(api) == 401
+        assert get(api, ("admin", "wrong")) == 401
+        assert get(api, ("admin", "pass-4-test-only")) == 200
+        ini = tmp_path / "basic_auth.ini"
+        assert ini.stat().st_mode & 0o077 == 0 and "pass-4-test-only" in ini.read_text()
+        manifest = (BASE / "mlflow-deployment.yaml").read_text()
+        assert "pass-4-test-only" not in manifest and "admin_password = $" in manifest
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+        log.close()
