@@ -121,3 +121,42 @@ def test_undefined_values_are_null_in_json_and_n_a_in_the_report(tmp_path):
     assert rep["aggregate"]["mean_test_profit_factor"] == pytest.approx(1.1)
     assert "| n/a |" in (tmp_path / "report" / "report.md").read_text()
     _strict((tmp_path / "report" / "report.json").read_text())
+
+
+def test_report_html_is_a_page_and_says_what_costs_were_charged(tmp_path):
+    from html.parser import HTMLParser
+
+    off = write_results(tmp_path / "runs" / "r", 0)
+    on = write_results(tmp_path / "runs" / "r", 1)
+    doc = json.loads(on.read_text())
+    doc["config"] = {"env": {"fee_bps": 0.1, "half_spread_bps": 0.25}}
+    on.write_text(json.dumps(doc))
+    run_report(ReportConfig(results=(off, on), out=tmp_path / "report"))
+
+    class Page(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.tags, self.cells, self.meta, self.row = [], [], {}, None
+
+        def handle_starttag(self, tag, attrs):
+            self.tags.append(tag)
+            if tag == "meta":
+                self.meta.update({a.get("name") or "charset": a.get("content") or a.get("charset")
+                                  for a in [dict(attrs)]})  # fmt: skip
+            if tag == "tr":
+                self.row = []
+                self.cells.append(self.row)
+
+        def handle_data(self, data):
+            if self.tags and self.tags[-1] == "td":
+                self.row.append(data)
+
+    page = Page()
+    page.feed((tmp_path / "report" / "report.html").read_text())
+    assert page.meta["viewport"].startswith("width=device-width")
+    rows = [r for r in page.cells if r]  # the header row has th, not td
+    assert len(rows) == 4 and page.tags.count("img") == 4 and page.tags.count("figcaption") == 4
+    costs = {r[2]: r[4] for r in rows}  # seed -> costs column
+    assert costs == {"0": "costs off", "1": "net of 0.1 bp fee + 0.25 bp half spread"}
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| costs off |" in md and "net of 0.1 bp fee" in md

@@ -110,7 +110,9 @@ def deflated_sharpe(trials: list[np.ndarray]) -> dict:
     }
 
 
-def _plot(path: Path, ts: np.ndarray, strat: np.ndarray, bh: np.ndarray, title: str) -> None:
+def _plot(
+    path: Path, ts: np.ndarray, strat: np.ndarray, bh: np.ndarray, title: str, costs: str
+) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -118,7 +120,7 @@ def _plot(path: Path, ts: np.ndarray, strat: np.ndarray, bh: np.ndarray, title: 
 
     x = ts.astype("datetime64[ns]")
     fig, ax = plt.subplots(figsize=(8, 3.2), dpi=100)
-    ax.plot(x, np.cumprod(1.0 + strat) - 1.0, label="strategy (net of costs)", lw=1.2)
+    ax.plot(x, np.cumprod(1.0 + strat) - 1.0, label=f"strategy ({costs})", lw=1.2)
     ax.plot(x, np.cumprod(1.0 + bh) - 1.0, label="buy and hold", lw=1.0, alpha=0.8)
     ax.set_title(title, fontsize=10)
     ax.set_ylabel("cumulative return")
@@ -189,7 +191,8 @@ def run_report(cfg: ReportConfig) -> dict:
             bh = float(np.prod(1.0 + z["buy_and_hold"]) - 1.0)
             name = f"equity-{doc['symbol']}-{doc['model']}-seed{doc['seed']}-fold{f['fold']}.png"
             title = f"{doc['symbol']} {doc['model']} seed {doc['seed']} fold {f['fold']}: test"
-            _plot(cfg.out / name, z["timestamps"], z["strategy"], z["buy_and_hold"], title)
+            costs = costs_label(doc)
+            _plot(cfg.out / name, z["timestamps"], z["strategy"], z["buy_and_hold"], title, costs)
             plots.append(name)
             rows.append(
                 {
@@ -197,6 +200,7 @@ def run_report(cfg: ReportConfig) -> dict:
                     "model": doc["model"],
                     "seed": doc["seed"],
                     "fold": f["fold"],
+                    "costs": costs,
                     **{m: f["test"][m] for m in METRIC_COLS},
                     "total_return": f["test"]["total_return"],
                     "buy_and_hold": bh,
@@ -238,47 +242,111 @@ def _fmt(v: float | None, pct: bool = False) -> str:
     return f"{v:.2%}" if pct else f"{v:.2f}"
 
 
-def _markdown(rep: dict) -> str:
-    d = rep["deflated_sharpe"]
-    lines = [
-        "# foxhunt report: test ranges",
-        "",
-        "| symbol | model | seed | fold | Sharpe | Sortino | profit factor | max DD | turnover "
-        "| hit rate | return | buy & hold | val Sharpe |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
-    ]
-    for r in rep["rows"]:
-        lines.append(
-            f"| {r['symbol']} | {r['model']} | {r['seed']} | {r['fold']} | {_fmt(r['sharpe'])} "
-            f"| {_fmt(r['sortino'])} | {_fmt(r['profit_factor'])} "
-            f"| {_fmt(r['max_drawdown'], True)} | {r['turnover']:.3f} "
-            f"| {_fmt(r['hit_rate'], True)} | {_fmt(r['total_return'], True)} "
-            f"| {_fmt(r['buy_and_hold'], True)} | {_fmt(r['val_sharpe'])} |"
-        )
-    a = rep["aggregate"]
-    lines += [
-        "",
+def costs_label(doc: dict) -> str:
+    """What a task's returns were charged: 'net of 0.1 bp fee + 0.25 bp half spread' (per unit
+    traded; the half spread on market orders) or 'costs off'."""
+    env = doc.get("config", {}).get("env", {})
+    fee, half = env.get("fee_bps", 0.0), env.get("half_spread_bps", 0.0)
+    if not fee and not half:
+        return "costs off"
+    return f"net of {fee:g} bp fee + {half:g} bp half spread"
+
+
+# The table of test ranges: header, and the cell of a row.
+COLUMNS = (
+    ("symbol", lambda r: r["symbol"]),
+    ("model", lambda r: r["model"]),
+    ("seed", lambda r: str(r["seed"])),
+    ("fold", lambda r: str(r["fold"])),
+    ("costs", lambda r: r["costs"]),
+    ("Sharpe", lambda r: _fmt(r["sharpe"])),
+    ("Sortino", lambda r: _fmt(r["sortino"])),
+    ("profit factor", lambda r: _fmt(r["profit_factor"])),
+    ("max DD", lambda r: _fmt(r["max_drawdown"], True)),
+    ("turnover", lambda r: f"{r['turnover']:.3f}"),
+    ("hit rate", lambda r: _fmt(r["hit_rate"], True)),
+    ("return", lambda r: _fmt(r["total_return"], True)),
+    ("buy & hold", lambda r: _fmt(r["buy_and_hold"], True)),
+    ("val Sharpe", lambda r: _fmt(r["val_sharpe"])),
+)
+
+
+def _summary(rep: dict) -> list[str]:
+    """The aggregate and the deflated Sharpe ratio, as sentences (Markdown emphasis)."""
+    a, d = rep["aggregate"], rep["deflated_sharpe"]
+    return [
         f"Mean over {len(rep['rows'])} test range(s): Sharpe {_fmt(a['mean_test_sharpe'])}, "
         f"Sortino {_fmt(a['mean_test_sortino'])}, max drawdown "
         f"{_fmt(a['mean_test_max_drawdown'], True)}, turnover {a['mean_test_turnover']:.3f}.",
-        "",
         f"Deflated Sharpe ratio (Bailey and Lopez de Prado 2014) of the best of {d['trials']} "
         f"trials (fold x seed): **{d['dsr']:.3f}** (per-bar Sharpe {d['best_sharpe_per_bar']:.4f} "
         f"against SR0 {d['sr0_per_bar']:.4f} expected from luck; skew {d['skew']:.2f}, "
         f"kurtosis {d['kurtosis']:.2f}).",
-        "",
     ]
-    return "\n".join(lines)
+
+
+def _markdown(rep: dict) -> str:
+    lines = [
+        "# foxhunt report: test ranges",
+        "",
+        "| " + " | ".join(h for h, _ in COLUMNS) + " |",
+        "| " + " | ".join("---" for _ in COLUMNS) + " |",
+    ]
+    lines += ["| " + " | ".join(cell(r) for _, cell in COLUMNS) + " |" for r in rep["rows"]]
+    for sentence in _summary(rep):
+        lines += ["", sentence]
+    return "\n".join([*lines, ""])
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1rem auto; max-width: 62rem; padding: 0 1rem;
+       line-height: 1.4; color: #222; }
+.wide { overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.9rem; white-space: nowrap; }
+th, td { padding: 0.3rem 0.6rem; border-bottom: 1px solid #ddd; text-align: right; }
+th:nth-child(-n+5), td:nth-child(-n+5) { text-align: left; }
+thead th { border-bottom: 2px solid #999; }
+figure { margin: 1.5rem 0; }
+img { max-width: 100%; height: auto; }
+"""
 
 
 def _html(rep: dict, out: Path) -> str:
+    """The report as a page: the table, the summary and the equity curves inline, readable on a
+    phone (the table scrolls sideways, the plots shrink)."""
     import html
+    import re
 
-    body = [f"<pre>{html.escape(_markdown(rep))}</pre>"]
+    def md(text: str) -> str:
+        return re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(text))
+
+    head = "".join(f"<th>{html.escape(h)}</th>" for h, _ in COLUMNS)
+    rows = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell(r))}</td>" for _, cell in COLUMNS) + "</tr>"
+        for r in rep["rows"]
+    )
+    body = [
+        "<h1>foxhunt report: test ranges</h1>",
+        f'<div class="wide"><table><thead><tr>{head}</tr></thead>',
+        f"<tbody>{rows}</tbody></table></div>",
+        *(f"<p>{md(s)}</p>" for s in _summary(rep)),
+        "<h2>Equity curves (test ranges)</h2>",
+    ]
     for r in rep["rows"]:
         data = base64.b64encode((out / r["plot"]).read_bytes()).decode()
-        body.append(f'<img alt="{html.escape(r["plot"])}" src="data:image/png;base64,{data}"/>')
-    return "<html><body>" + "\n".join(body) + "</body></html>\n"
+        caption = html.escape(f"{r['symbol']} {r['model']} seed {r['seed']} fold {r['fold']}, "
+                              f"{r['costs']}")  # fmt: skip
+        body.append(
+            f'<figure><img alt="{caption}" src="data:image/png;base64,{data}"/>'
+            f"<figcaption>{caption}</figcaption></figure>"
+        )
+    return (
+        '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>foxhunt report</title><style>{_CSS}</style></head>\n<body>\n"
+        + "\n".join(body)
+        + "\n</body></html>\n"
+    )
 
 
 def _log_mlflow(cfg: ReportConfig, rep: dict) -> None:
