@@ -164,10 +164,36 @@ def compile_all(out: Path = BUILD) -> list[Path]:
     return paths
 
 
-def run_local(name: str, params: dict) -> None:
+class QuietExecutor:
+    """Prints what a local task prints, less KFP's executor chatter: the executor input as
+    indented JSON (tens of lines per task) and the component-loading messages. `run-local
+    --verbose` prints everything."""
+
+    NOISE = ("Looking for component", "Loading KFP component", "Wrote executor output file")
+
+    def __init__(self) -> None:
+        self.in_json = False
+
+    def __call__(self, *args, **kwargs) -> None:
+        line = " ".join(map(str, args))
+        if self.in_json:
+            self.in_json = line.rstrip("\n") != "}"  # the dump ends with an unindented brace
+            return
+        if "Got executor_input:" in line:
+            self.in_json = True
+            return
+        if not any(n in line for n in self.NOISE):
+            print(*args, **kwargs)
+
+
+def run_local(name: str, params: dict, verbose: bool = False) -> None:
     from kfp import local
+    from kfp.local import subprocess_task_handler
 
     from pipelines import PIPELINES
+
+    if not verbose:  # the handler prints each task's lines with print(): filter those
+        subprocess_task_handler.print = QuietExecutor()
 
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
     if commit := git_commit():
@@ -380,6 +406,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.choices["run-local"].add_argument(
         "--demo", action="store_true", help="make run's CPU-sized demo settings"
     )
+    sub.choices["run-local"].add_argument(
+        "--verbose", action="store_true", help="also KFP's executor input JSON and messages"
+    )
     sb = sub.choices["submit"]
     sb.add_argument("--experiment", default="foxhunt")
     sb.add_argument("--run-name", default=None)
@@ -400,7 +429,7 @@ def main(argv: list[str] | None = None) -> int:
         items = [*args.params, *extra, *split_params(args.params_text)]
         params = parse_params(items, args.pipeline)
         if args.cmd == "run-local":
-            run_local(args.pipeline, (demo_params() if args.demo else {}) | params)
+            run_local(args.pipeline, (demo_params() if args.demo else {}) | params, args.verbose)
         else:
             run_id, version = submit(
                 args.pipeline, params, args.experiment, args.run_name, args.namespace,

@@ -91,6 +91,9 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     work = tmp_path / "work"
     log1 = run_pipeline(raw, work, mlflow_server, tmp_path)
     assert "fxcache miss" in log1
+    # A readable console: one line per epoch with its place and the time left, and none of
+    # KFP's executor-input JSON (run-local --verbose shows it).
+    assert "epoch 2/2" in log1 and "ETA " in log1 and "Got executor_input" not in log1
     assert "Pipeline 'train-baseline' finished with status SUCCESS" in log1.replace(
         "\x1b[95m", ""
     ).replace("\x1b[0m", "").replace("\x1b[92m", "")

@@ -218,9 +218,29 @@ def test_run_local_takes_options_and_parameters_in_any_order(monkeypatch):
     import pipelines.__main__ as cli
 
     seen = {}
-    monkeypatch.setattr(cli, "run_local", lambda name, params: seen.update(name=name, **params))
+    monkeypatch.setattr(
+        cli, "run_local", lambda name, params, verbose: seen.update(name=name, v=verbose, **params)
+    )
     assert main(["run-local", "train-baseline", "--demo", "epochs=3", "seeds=[1]"]) == 0
     assert seen["epochs"] == 3 and seen["seeds"] == [1] and "overrides" in seen
+    assert main(["run-local", "train-baseline", "--verbose", "epochs=2"]) == 0 and seen["v"]
+
+
+def test_the_local_console_leaves_out_the_executor_json(capsys):
+    from pipelines.__main__ import QuietExecutor
+
+    out = QuietExecutor()
+    lines = [
+        "[KFP Executor 2026-12-01 02:28:38,679 INFO]: Looking for component `train` in ...\n",
+        "[KFP Executor 2026-12-01 02:28:38,680 INFO]: Got executor_input:\n",
+        "{\n", '    "inputs": {\n', '        "parameterValues": {"epochs": 2}\n', "    }\n",
+        "}\n",
+        "fold 0 (1/2) epoch 1/2: loss 2.79, val Sharpe -56.29 (best -56.29 @ 1), ETA 0m04s\n",
+        "[KFP Executor 2026-12-01 02:28:44,021 INFO]: Wrote executor output file to ...\n",
+    ]  # fmt: skip
+    for line in lines:
+        out(line, end="")
+    assert capsys.readouterr().out == lines[7]
 
 
 class Recorder(BaseHTTPRequestHandler):

@@ -218,6 +218,20 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+class Eta:
+    """Time left in a task, from the mean epoch time so far and the epochs still to run."""
+
+    def __init__(self, epochs_left: int):
+        self.left, self.seconds, self.done = epochs_left, 0.0, 0
+
+    def epoch_done(self, seconds: float) -> None:
+        self.left, self.seconds, self.done = self.left - 1, self.seconds + seconds, self.done + 1
+
+    def eta(self) -> str:
+        s = round(self.seconds / max(self.done, 1) * max(self.left, 0))
+        return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
 class Clock:
     """Phase timer: CUDA events on a GPU (read once per epoch), wall time on a CPU."""
 
@@ -490,6 +504,10 @@ def _train_folds(
 
     done = {r["fold"] for r in results}
     trained: list[int] = []  # folds finished by this call (not read back from a resume file)
+    left = sum(cfg.epochs for f in folds if f["fold"] not in done)
+    if state is not None and state.get("fold") is not None:
+        left -= state["epoch"] + 1
+    progress = Eta(left)
     for fold in folds:
         k = fold["fold"]
         if k in done:
@@ -551,11 +569,14 @@ def _train_folds(
                     {"fold": fold, "epoch": epoch, "val": val},
                 )
             logger.log_metrics(metrics, step=epoch)
+            progress.epoch_done(metrics["time/epoch_s"])
             log.info(
-                "fold %d epoch %d: loss %.4f, val Sharpe %.2f, %.2f s (collect %.2f, learn %.2f,"
-                " eval %.2f)",
-                k, epoch, stats["losses/loss"], val["sharpe"], metrics["time/epoch_s"],
-                times["collect"], times["learn"], times["eval"],
+                "fold %d (%d/%d) epoch %d/%d: loss %.4f, val Sharpe %.2f (best %.2f @ %d), "
+                "%.2f s (collect %.2f, learn %.2f, eval %.2f), ETA %s",
+                k, folds.index(fold) + 1, len(folds), epoch + 1, cfg.epochs,
+                stats["losses/loss"], val["sharpe"], best["sharpe"], best["epoch"] + 1,
+                metrics["time/epoch_s"], times["collect"], times["learn"], times["eval"],
+                progress.eta(),
             )  # fmt: skip
             _save_atomic(
                 {
