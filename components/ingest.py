@@ -25,18 +25,20 @@ def scan_raw(raw_dir: str) -> str:
 def ingest(
     raw_dir: str,
     work_dir: str,
-    manifest: dsl.Output[dsl.Artifact],
+    ingested: dsl.Output[dsl.Dataset],
     raw_digest: str = "",
     on_error: str = "fail",
     download_symbols: str = "",
     start: str = "",
     end: str = "",
     max_cost: float = 10.0,
-) -> str:
+) -> None:
     """DBN files in raw_dir (downloaded first when download_symbols is set; DATABENTO_API_KEY
-    from a Secret) -> Parquet in work_dir/ingested. Returns that directory. raw_digest (from
-    scan_raw) is not used here: it is part of the step's cache key."""
+    from a Secret) -> Parquet in work_dir/ingested. The `ingested` Dataset is its manifest
+    (inputs, rows, validation), with the data's place on the volume and its counts as metadata.
+    raw_digest (from scan_raw) is not used here: it is part of the step's cache key."""
     import datetime as dt
+    import json
     import shutil
     from pathlib import Path
 
@@ -55,5 +57,8 @@ def ingest(
         max_cost=max_cost,
     )
     print(run_ingest(cfg).summary())
-    shutil.copy(out / "manifest.json", manifest.path)
-    return str(out)
+    shutil.copy(out / "manifest.json", ingested.path)
+    validation = json.loads((out / "manifest.json").read_text())["validation"]
+    ingested.metadata.update(
+        path=str(out), records=validation["records_written"], mode=validation["mode"]
+    )

@@ -9,6 +9,7 @@ def train(
     folds: dsl.Input[dsl.Artifact],
     results: dsl.Output[dsl.Artifact],
     metrics: dsl.Output[dsl.Metrics],
+    best_model: dsl.Output[dsl.Model],
     model: str = "dqn",
     seed: int = 0,
     epochs: int = 10,
@@ -23,6 +24,8 @@ def train(
     overrides: str = "{}",
 ):
     """One training task: every fold of the folds artifact, one upload, one model and seed.
+    `best_model` is the task's best fold's checkpoint (weights, normaliser, config; also an MLflow
+    model, its URI in the metadata), `results` its per-fold results.
     batch_size/envs 0: sized for the device. overrides: JSON of further DQNConfig/EnvConfig
     fields, e.g. {"dqn": {"hidden": [128, 128]}, "env": {"episode_bars": 512}}."""
     import dataclasses
@@ -76,6 +79,15 @@ def train(
     res = run_train(cfg)
     print(res.summary())
     shutil.copy(res.run_dir / "results.json", results.path)
+    best = max(res.folds, key=lambda f: f["val"]["sharpe"])
+    Path(best_model.path).mkdir(parents=True, exist_ok=True)
+    for name in ("best.safetensors", "best.json"):
+        shutil.copy(res.run_dir / f"fold-{best['fold']}" / name, Path(best_model.path) / name)
+    best_model.metadata.update(
+        fold=best["fold"], seed=seed, val_sharpe=best["val"]["sharpe"],
+        test_sharpe=best["test"]["sharpe"], mlflow_model_uri=best.get("model_uri") or "",
+        run_dir=str(res.run_dir),
+    )  # fmt: skip
     for k, v in res.aggregate.items():
         if math.isfinite(v):  # KFP's metrics JSON takes numbers only (no inf profit factor)
             metrics.log_metric(k, v)

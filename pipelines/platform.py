@@ -141,7 +141,7 @@ def ingest_and_precompute(
                  download_symbols=download_symbols, start=start, end=end)  # fmt: skip
     ing.set_display_name("Ingest DBN files").set_caching_options(True)
     ing.set_retry(num_retries=2, backoff_duration="60s")
-    pre = precompute(ingested=ing.outputs["Output"], work_dir=work_dir, symbols=symbols,
+    pre = precompute(ingested=ing.outputs["ingested"], work_dir=work_dir, symbols=symbols,
                      bar_size=bar_size)  # fmt: skip
     pre.set_display_name("Bars, features, order flow -> fxcache").set_caching_options(True)
     if not local:

@@ -69,14 +69,15 @@ def build_train_baseline(
                 local, cluster, raw_dir, work_dir, download_symbols, start, end, symbol, bar_size,
                 raw_pvc, fxcache_pvc,
             )  # fmt: skip
+            keys = pre.outputs["Output"]  # symbol -> fxcache key (JSON)
             fo = folds(
-                work_dir=work_dir, keys=pre.output, symbol=symbol, train_months=train_months,
+                work_dir=work_dir, keys=keys, symbol=symbol, train_months=train_months,
                 val_months=val_months, test_months=test_months, step_months=step_months,
                 window=window, purge=purge, embargo=embargo,
             )  # fmt: skip
             fo.set_display_name("Walk-forward folds").set_caching_options(True)
             trk = start_tracking(
-                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=pre.output, symbol=symbol,
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, keys=keys, symbol=symbol,
                 bar_size=bar_size, start=start, end=end, download_symbols=download_symbols,
                 train_months=train_months, val_months=val_months, test_months=test_months,
                 step_months=step_months, window=window, purge=purge, embargo=embargo,

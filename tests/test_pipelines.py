@@ -66,6 +66,21 @@ def test_train_baseline_dag(compiled):
     assert digest["producerTask"] == "scan-raw"
     assert not t["scan-raw"]["cachingOptions"].get("enableCache")
     assert t["precompute"]["dependentTasks"] == ["ingest"]
+    # Typed artifacts, so the Kubeflow UI shows lineage: the ingested data and the fxcache are
+    # Datasets (passed from step to step), a task's best checkpoint a Model, the report HTML
+    # and Markdown.
+    comps = doc["components"]
+
+    def out_type(comp, name):
+        return comps[comp]["outputDefinitions"]["artifacts"][name]["artifactType"]["schemaTitle"]
+
+    assert out_type("comp-ingest", "ingested") == "system.Dataset"
+    assert out_type("comp-precompute", "fxcache") == "system.Dataset"
+    assert out_type("comp-train", "best_model") == "system.Model"
+    assert out_type("comp-report", "html") == "system.HTML"
+    assert out_type("comp-report", "markdown") == "system.Markdown"
+    src = t["precompute"]["inputs"]["artifacts"]["ingested"]["taskOutputArtifact"]
+    assert src == {"outputArtifactKey": "ingested", "producerTask": "ingest"}
     assert t["folds"]["dependentTasks"] == ["precompute"]
     assert sorted(t["for-loop-2"]["dependentTasks"]) == ["folds", "start-tracking"]
     assert sorted(t["report"]["dependentTasks"]) == ["for-loop-2", "start-tracking"]
@@ -413,7 +428,9 @@ def test_tasks_that_track_refuse_to_run_without_a_tracking_server(monkeypatch, t
         lambda: start_tracking.python_func(
             **dict.fromkeys(inspect.signature(start_tracking.python_func).parameters, "")
         ),
-        lambda: train.python_func(work_dir=str(tmp_path), folds=None, results=None, metrics=None),
+        lambda: train.python_func(
+            work_dir=str(tmp_path), folds=None, results=None, metrics=None, best_model=None
+        ),
         lambda: report.python_func(
             work_dir=str(tmp_path), results=[], markdown=None, html=None, metrics=None
         ),
