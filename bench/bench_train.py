@@ -4,14 +4,15 @@
     python bench/bench_train.py --cpu-smoke     tiny sizes on the CPU: checks the script runs
 
 Workload (the anchor's definition): 2,000,000 bars of 42 + 8 i.i.d. N(0,1) features and
-prices from a geometric random walk; the state 54 padded to 64; trunk 512-256, heads 128, C51 on
-51 atoms, branches 3/5/2 (foxhunt's order-type branch has 2 actions, the anchor's 3: 368,561
-parameters against 375,140); replay 1,000,000 on the GPU; batch 8192; n-step 3; PER; Adam;
-epsilon-greedy 0.05 as the anchor. One epoch = 100 collection steps at E = 16384, then 488
-learning steps at B = 8192. Variants `-noisy` use noisy heads instead (Rainbow's exploration:
-every head layer a second matmul, ~1.5x the network's FLOPs), `-compile` torch.compile the loss
-and the update. A/B switches: `-noalign` (head matmuls at their own widths), `-optfused` /
-`-optsingle` (the update uncompiled, Adam fused or one op at a time).
+prices from a geometric random walk; the state (53 here, 54 in the anchor) padded to 64; trunk
+512-256, heads 128, C51 on 51 atoms; foxhunt's dueling head covers the env's 30 joint actions
+(434,349 parameters), the anchor's three branches 3/5/3 (375,140); replay 1,000,000 on the GPU;
+batch 8192; n-step 3; PER; Adam; epsilon-greedy 0.05 as the anchor. One epoch = 100 collection
+steps at E = 16384, then 488 learning steps at B = 8192. Variants `-noisy` use noisy heads
+instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the network's FLOPs),
+`-compile` torch.compile the loss and the update. A/B switches: `-noalign` (head matmuls at
+their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
+time).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and

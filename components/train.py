@@ -15,7 +15,7 @@ def train(
     epochs: int = 10,
     kfp_run_id: str = "",
     lr: float = 1e-4,
-    gamma: float = 0.99,
+    gamma: float = 0.5,
     n_step: int = 3,
     batch_size: int = 0,
     envs: int = 0,

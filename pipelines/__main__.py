@@ -44,8 +44,6 @@ def demo_params() -> dict:
                 "dqn": {
                     "hidden": list(d.hidden),
                     "head_hidden": d.head_hidden,
-                    "v_min": d.v_min,
-                    "v_max": d.v_max,
                     "collect_steps": d.collect_steps,
                     "learn_steps": d.learn_steps,
                 },

@@ -46,7 +46,7 @@ def build_train_baseline(
         epochs: int = 10,
         seeds: list = [0, 1],  # noqa: B006 (a KFP default, not a Python one)
         lr: float = 1e-4,
-        gamma: float = 0.99,
+        gamma: float = 0.5,
         n_step: int = 3,
         batch_size: int = 0,
         envs: int = 0,

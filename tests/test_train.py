@@ -150,12 +150,13 @@ def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
     agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
     data.mean.copy_(tensors["norm.mean"])
     data.inv_std.copy_(tensors["norm.inv_std"])
+    agent.z.copy_(tensors["support.z"])
     fold = next(f for f in json.loads(demo_es[1].read_text())["folds"] if f["fold"] == 1)
     ev = Evaluator(cfg.env, data, cfg.eval_segments)
     r, tr = ev.run(
         lambda t, p: agent.act(agent.state(t, p), noise=False), fold["test_start"], fold["test_end"]
     )
-    got = trading_metrics(r, tr, periods_per_year(cache.timestamps))
+    got = trading_metrics(r, tr, periods_per_year(cache.timestamps), ev.last_positions)
     assert got == res.folds[0]["test"]
     # The normaliser is the train range's.
     x = data.mkt[fold["train_start"] : fold["train_end"]].double()
@@ -330,7 +331,7 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     agent = RainbowAgent(TINY, cfg.env, data, seed=5)
     rng = np.random.default_rng(0)
     t = torch.as_tensor(rng.integers(0, len(cache), 256))
-    port = torch.as_tensor(rng.normal(0, 0.5, (256, 4)), dtype=torch.float32)
+    port = torch.as_tensor(rng.normal(0, 0.5, (256, 3)), dtype=torch.float32)
     frame = pd.DataFrame(data.mkt[t].numpy(), columns=data.names)
     frame[list(PORTFOLIO)] = port.numpy()
     mlflow.set_tracking_uri(uri)
@@ -339,6 +340,7 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
         agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
         data.mean.copy_(tensors["norm.mean"])
         data.inv_std.copy_(tensors["norm.inv_std"])
+        agent.z.copy_(tensors["support.z"])  # the fold's derived C51 support
         want = agent.act(agent.state(t, port), noise=False).numpy()
         got = mlflow.pyfunc.load_model(f["model_uri"]).predict(frame)
         assert list(got.columns) == ["direction", "size", "order_type"]

@@ -10,16 +10,17 @@ import torch
 
 from foxhunt.train.data import MarketData
 from foxhunt.train.dqn import (
-    BranchingQNet,
+    N_ACTIONS,
     DQNConfig,
     NoisyLinear,
+    QNet,
     RainbowAgent,
     Replay,
-    n_step_targets,
+    derived_support,
     project_c51,
     quantile_huber,
 )
-from foxhunt.train.env import BRANCHES, EnvConfig
+from foxhunt.train.env import JOINT, EnvConfig
 
 CPU = torch.device("cpu")
 
@@ -57,12 +58,13 @@ def test_per_sampling_probabilities_and_weights_are_exact():
     for _ in range(rounds):
         idx, w = rb.sample(torch.rand(B, generator=g))
         counts += np.bincount(idx.numpy(), minlength=cap)
-        # Weights: (N P(i))^-beta / max_j (N P(j))^-beta over the stored transitions.
+        # Weights: (N P(i))^-beta over the batch's largest (Schaul et al. 2016, Algorithm 1).
         valid = prio > 0
         P = prio / prio.sum()
         N = valid.sum()
         w_all = np.where(valid, (N * np.where(valid, P, 1.0)) ** -0.6, 0.0)
-        np.testing.assert_allclose(w.numpy(), w_all[idx.numpy()] / w_all.max(), rtol=1e-5)
+        w_batch = w_all[idx.numpy()]
+        np.testing.assert_allclose(w.numpy(), w_batch / w_batch.max(), rtol=1e-5)
     freq = counts / (B * rounds)
     P = prio / prio.sum()
     assert counts[prio == 0].sum() == 0
@@ -72,9 +74,26 @@ def test_per_sampling_probabilities_and_weights_are_exact():
     assert chi2 < 2 * 37  # stratification makes it far smaller than the multinomial 37 dof
 
 
+def test_one_near_zero_loss_transition_does_not_shrink_the_weights():
+    """A transition predicted almost exactly (a flat market order pays exactly 0) gets a tiny
+    priority; normalising by the whole buffer's smallest priority would scale every other
+    weight down by (p / p_min)^-beta. Per batch, a batch without it keeps weights near 1."""
+    rb = Replay(1000, CPU)
+    rb.prio[:999] = 1.5
+    rb.prio[999] = 0.024
+    rb.beta.fill_(1.0)
+    g = torch.Generator().manual_seed(0)
+    means = []
+    for _ in range(20):
+        idx, w = rb.sample(torch.rand(64, generator=g))
+        if not (idx == 999).any():
+            means.append(float(w.mean()))
+    assert means and min(means) == pytest.approx(1.0)  # whole-buffer form: (1.5/0.024)^-1 = 0.016
+
+
 def test_replay_ring_wraps_and_update_sets_priorities():
     rb = Replay(10, CPU)
-    f = torch.arange(60, dtype=torch.float32).view(6, 10)
+    f = torch.arange(18, dtype=torch.float32).view(6, 3)
     i = torch.arange(30).view(6, 5)
     rb.add(f, i, torch.tensor([True, True, False, True, True, True]))
     rb.add(f + 100, i + 100, torch.ones(6, dtype=torch.bool))
@@ -114,76 +133,101 @@ def test_c51_projection_equals_bellemare_algorithm():
     R[0] = 0.0  # lands exactly on atoms
     R[1] = 25.0  # clipped at v_max
     disc = torch.from_numpy(rng.choice([0.0, 0.99**3, 1.0], (B, 1)))
-    m = project_c51(p, R, disc, z).numpy()
+    m, clipped = project_c51(p, R, disc, z)
+    m = m.numpy()
     for b in range(B):
         for k in range(K):
             ref = bellemare_projection(p[b, k].numpy(), float(R[b]), float(disc[b]), z.numpy())
             np.testing.assert_allclose(m[b, k], ref, atol=1e-12)
     np.testing.assert_allclose(m.sum(-1), 1.0, atol=1e-12)
+    # The clipped mass: target atoms beyond the support, by a slow count.
+    tz = (R + disc * z).numpy()  # [B, atoms]
+    out = (tz < -10) | (tz > 10)
+    ref = (p.numpy() * out[:, None, :]).sum(-1)
+    np.testing.assert_allclose(clipped.numpy(), ref, atol=1e-12)
+    assert clipped[1].min() > 0.3  # R = 25 on [-10, 10]: most mass lands beyond v_max
+
+
+def test_derived_support_holds_the_discounted_returns_of_a_held_position():
+    rng = np.random.default_rng(0)
+    r = torch.tensor(rng.standard_t(4, 20_000) * 3.0, dtype=torch.float32)  # fat tails, bp
+    for gamma in (0.0, 0.5, 0.9, 0.99):
+        half = derived_support(r, gamma)
+        # a slow reference: the truncated discounted sum at every start
+        H = 1 if gamma == 0 else int(np.ceil(np.log(1e-4) / np.log(gamma)))
+        x = r.double().numpy()
+        g = np.array(
+            [sum(gamma**k * x[t + k] for k in range(H)) for t in range(0, len(x) - H + 1, 97)]
+        )
+        inside = (np.abs(g) <= half).mean()
+        assert inside >= 0.999
+        assert half < 3 * np.quantile(np.abs(g), 0.999)  # and not absurdly wide
 
 
 # ------------------------------------------------------------------------------ n-step
-def test_n_step_targets_against_a_loop():
-    rng = np.random.default_rng(5)
-    n, E, gamma = 4, 200, 0.9
-    r = rng.normal(size=(n, E))
-    d = (rng.uniform(size=(n, E)) < 0.2).astype(float)
-    R, disc = n_step_targets(torch.tensor(r), torch.tensor(d), gamma)
-    for e in range(E):
-        ret, g = 0.0, 1.0
-        for k in range(n):
-            ret += g * r[k, e]
-            if d[k, e]:
-                g = 0.0
-                break
-            g *= gamma
-        assert float(R[e]) == pytest.approx(ret)
-        assert float(disc[e]) == pytest.approx(g)
-
-
-def test_collected_transitions_hold_n_step_returns_of_the_env_rewards():
-    """Record the env's own rewards and dones while collecting, then check every stored
-    transition: bar, actions, R = sum gamma^k r over the next n steps (cut at a done),
-    disc and the next bar."""
+@pytest.mark.parametrize("n_step", [1, 3])
+def test_replayed_returns_are_the_env_rewards_and_bootstrap_where_the_episode_ended(n_step):
+    """Record the env's rewards, dones and portfolios while collecting, then check what the
+    learning step replays for every stored transition: R = sum gamma^k r over the next n steps
+    (cut after an episode end), gamma^m, and the bootstrap state, which after an episode end
+    is the state that end reached (a time limit, not a terminal), not the restarted env's."""
     data = random_data()
-    cfg = tiny(n_step=3, gamma=0.8, envs=5, collect_steps=40, replay_capacity=1000)
-    agent = RainbowAgent(cfg, EnvConfig(episode_bars=7), data, seed=0)
+    g, E = 0.8, 5
+    cfg = tiny(n_step=n_step, gamma=g, envs=E, collect_steps=40, replay_capacity=1000)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=7, fee_bps=0.3), data, seed=0)
     agent.reset_fold(0, 500, seed=0)
     log = []
-    step = agent.env.step
+    step, fill = agent.env.step, agent.env.fill
 
     def spy(*a, **k):
-        t = agent.env.t.clone()
+        t, port = agent.env.t.clone(), agent.env.portfolio()
+        pstate = (agent.env.pos.clone(), agent.env.entry.clone(), agent.env.hold.clone())
         out = step(*a, **k)
-        log.append((t, out[1].clone(), out[3].clone(), agent.env.t.clone()))
+        # the state this step reached, before any restart
+        reached = fill(t, *pstate, agent.env.dir_tab[a[0]] * agent.env.size_tab[a[1]], a[2] == 1)
+        after = agent.env.portfolio_of(t + 1, *reached[2:])
+        log.append((t, out[1].clone(), out[3].clone(), port, after))
         return out
 
     agent.env.step = spy
     agent.collect()
-    n, g, E = 3, 0.8, 5
-    ptr = 0
+    slots = torch.arange(len(log) * E)
+    R, port2 = agent._replay_return(
+        agent.replay.ibuf[slots, 0], agent.replay.ibuf[slots, 1],
+        agent.replay.ibuf[slots, 2:].reshape(-1, n_step, 3), agent.replay.fbuf[slots],
+    )  # fmt: skip
+    ends = 0
     for k in range(len(log)):
         for e in range(E):
-            slot = ptr + e
-            if k < n - 1:
+            slot = k * E + e
+            if k < n_step - 1:
                 assert float(agent.replay.prio[slot]) == 0.0  # history not full yet
                 continue
-            s = k - (n - 1)  # the transition written at step k starts at step s
-            ret, disc = 0.0, 1.0
-            for j in range(n):
-                ret += disc * float(log[s + j][1][e]) * cfg.reward_scale
+            s = k - (n_step - 1)  # the transition written at step k starts at step s
+            ret, m = 0.0, 0
+            for j in range(n_step):
+                ret += g**j * float(log[s + j][1][e]) * cfg.reward_scale
+                m += 1
                 if log[s + j][2][e]:
-                    disc = 0.0
                     break
-                disc *= g
-            f, i = agent.replay.fbuf[slot], agent.replay.ibuf[slot]
-            assert int(i[0]) == int(log[s][0][e])
-            assert float(f[8]) == pytest.approx(ret, rel=1e-5, abs=1e-4)
-            assert float(f[9]) == pytest.approx(disc, abs=1e-7)
-            if disc > 0:
-                assert int(i[1]) == int(log[k][3][e])
+            i = agent.replay.ibuf[slot]
+            assert int(i[0]) == int(log[s][0][e]) and int(i[1]) == m
+            assert float(R[slot]) == pytest.approx(ret, rel=1e-4, abs=1e-4)
+            # bootstrap state: what step s + m - 1 reached
+            torch.testing.assert_close(port2[slot], log[s + m - 1][4][e], rtol=1e-4, atol=1e-5)
+            ends += bool(log[s + m - 1][2][e])
             assert float(agent.replay.prio[slot]) == 1.0
-        ptr += E
+    assert ends > 5, "the test should cover transitions cut by an episode end"
+
+
+def test_gamma_zero_is_a_contextual_bandit():
+    """gamma = 0: the target is the reward alone (disc 0), whatever the next state's value."""
+    data = random_data()
+    agent = RainbowAgent(tiny(gamma=0.0, n_step=1), EnvConfig(episode_bars=50), data, seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    agent.collect()
+    agent.learn()
+    assert math.isfinite(agent.read_stats()["losses/loss"])
 
 
 # ------------------------------------------------------------------------------ network
@@ -199,20 +243,19 @@ def test_noisy_linear_equals_the_explicit_factorised_formula():
     torch.testing.assert_close(layer(x, noise=False), x @ layer.weight_mu.T + layer.bias_mu)
 
 
-def test_dueling_branches_have_zero_mean_advantage_per_branch():
+def test_dueling_joint_head_has_zero_mean_advantage():
     torch.manual_seed(0)
-    net = BranchingQNet(tiny(noisy=False))
+    net = QNet(tiny(noisy=False))
     x = torch.randn(6, 64)
-    out = net(x)  # [6, 11, 51]
+    out = net(x)  # [6, 30, 51]
+    assert out.shape == (6, N_ACTIONS, 51) and N_ACTIONS == len(JOINT) == 30
     h = x
     for layer in net.trunk:
         h = torch.relu(layer(h))
-    hs = torch.relu(net.head(h)).chunk(4, 1)
-    v = net.value(hs[0])
-    for b, n in enumerate(BRANCHES):
-        a = net.adv[b](hs[b + 1]).view(6, n, 51)
-        o = net.offsets[b]
-        torch.testing.assert_close(out[:, o : o + n], v[:, None] + a - a.mean(1, keepdim=True))
+    hv, ha = torch.relu(net.head(h)).chunk(2, 1)
+    v = net.value(hv)
+    a = net.adv(ha).view(6, N_ACTIONS, 51)
+    torch.testing.assert_close(out, v[:, None] + a - a.mean(1, keepdim=True))
 
 
 def test_quantile_huber_against_a_loop():
@@ -265,9 +308,9 @@ def test_aligned_heads_give_the_unaligned_outputs_and_gradients(noisy):
     """Padding the output layers' widths inside the matmul (the GPU path) changes no number
     beyond rounding, forward or backward, plain or noisy layers."""
     torch.manual_seed(0)
-    net = BranchingQNet(tiny(noisy=noisy)).double()
+    net = QNet(tiny(noisy=noisy)).double()
     net.reset_noise()
-    padded = BranchingQNet(tiny(noisy=noisy), align=8).double()
+    padded = QNet(tiny(noisy=noisy), align=8).double()
     padded.load_state_dict(net.state_dict())  # the noise buffers too
     x = torch.randn(5, 64, dtype=torch.float64)
     out, out_p = net(x), padded(x)

@@ -142,6 +142,7 @@ def test_a_corrupt_resume_file_is_named_with_what_to_do(demo_es, tmp_path):
         (["--n-step", "0"], "n_step = 0: must be at least 1"),
         (["--gamma", "2"], "gamma = 2.0: must be in [0, 1]"),
         (["--v-min", "5", "--v-max", "-5"], "v_max = -5.0: must exceed v_min"),
+        (["--v-min", "-5"], "v_max = None: set both or neither"),
         (["--batch-size", "0"], "batch_size = 0: must be at least 1"),
         (["--envs", "0"], "envs = 0: must be at least 1"),
         (["--lr", "0"], "lr = 0.0: must be > 0"),

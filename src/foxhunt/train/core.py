@@ -141,6 +141,7 @@ class TrainResult:
                 f"fold {f['fold']:2d}  best epoch {f['best_epoch']:3d}  "
                 f"val Sharpe {v['sharpe']:7.2f}  test Sharpe {t['sharpe']:7.2f}  "
                 f"test max DD {t['max_drawdown']:.2%}  "
+                f"short/flat/long {t['short']:.0%}/{t['flat']:.0%}/{t['long']:.0%}  "
                 f"random val Sharpe {f['random_val']['sharpe']:7.2f}"
             )
         a = self.aggregate
@@ -271,6 +272,7 @@ def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dic
     tensors = {f"net.{k}": v.detach().cpu().contiguous() for k, v in agent.net.state_dict().items()}
     tensors["norm.mean"] = agent.data.mean.cpu()
     tensors["norm.inv_std"] = agent.data.inv_std.cpu()
+    tensors["support.z"] = agent.z.cpu()  # C51's atoms (derived per fold unless configured)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
@@ -554,7 +556,7 @@ def _train_folds(
             clock.mark("eval")
             times = clock.read()
             stats = agent.read_stats()
-            val = trading_metrics(val_r, val_tr, ppy)
+            val = trading_metrics(val_r, val_tr, ppy, evaluator.last_positions)
             check_finite(stats, val, k, epoch)
             metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
             metrics |= {f"time/{p}_s": s for p, s in times.items()}
@@ -601,7 +603,7 @@ def _train_folds(
         live = {n: v.clone() for n, v in agent.net.state_dict().items()}
         agent.net.load_state_dict(best_weights)
         test_r, test_tr = evaluator.run(greedy, *ranges["test"], graph=True)
-        test = trading_metrics(test_r, test_tr, ppy)
+        test = trading_metrics(test_r, test_tr, ppy, evaluator.last_positions)
         lo, hi = ranges["test"]
         np.savez(
             run_dir / f"fold-{k}" / "test_returns.npz",

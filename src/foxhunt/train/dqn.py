@@ -1,20 +1,29 @@
-"""Rainbow DQN with branching dueling heads, on GPU-resident data and a vectorised env.
+"""Rainbow DQN over the env's 30 joint actions, on GPU-resident data and a vectorised env.
 
 The parts (Hessel et al. 2018, "Rainbow"), each switchable where it makes sense:
 
-- Branching dueling heads (Tavakoli et al. 2018): one shared value stream and one advantage
-  stream per action branch (direction 3, size 5, order type 2). Branch b's return distribution is
-  V + A_b - mean_a A_b; every branch learns against its own double-Q target.
+- A dueling head over the joint actions (direction 3 x size 5 x order type 2 = 30): the return
+  distribution of action a is V + A_a - mean A. The branches interact in this env (the order type
+  decides whether the direction is executed at all, the size scales its reward), so one Q per
+  branch, each averaged over the behaviour's other branches, has no consistent greedy action;
+  a joint Q has.
 - Distributional returns: C51 (Bellemare et al. 2017) on `atoms` atoms over [v_min, v_max], or
   IQN (Dabney et al. 2018) with sampled quantile fractions and the quantile Huber loss.
 - Noisy nets (Fortunato et al. 2018): factorised Gaussian noise in the head layers, fresh noise at
   every collection and learning step, switched off for greedy evaluation.
 - n-step returns, double Q (the online net picks a*, the target net values it), a soft target
   update (Polyak, `tau`), and CQL (Kumar et al. 2020) as an optional conservative penalty.
+  Episode ends are time limits: returns bootstrap through them from the state the last step
+  reached (Pardo et al. 2018), never from the restarted env.
+- The C51 support is derived per fold from the train range (`v_min`/`v_max` None): the 99.9th
+  percentile of the discounted return of holding a full position at this gamma, with a margin;
+  the share of target mass that still falls outside it is logged (`charts/support_clipped`).
 - Prioritised replay (Schaul et al. 2016), proportional: P(i) = p_i / sum_j p_j with
   p_i = (loss_i + 1e-6)^alpha, stratified sampling through a cumulative sum, importance weights
-  w_i = (N P(i))^-beta / max_j w_j with beta annealed to 1. The ring buffer stores bar indices and
-  portfolio features, not full states: the market rows are gathered from the device copy.
+  w_i = (N P(i))^-beta normalised by the batch's largest (as in Schaul et al.'s Algorithm 1), so
+  one near-perfectly predicted transition elsewhere in the buffer cannot shrink every update.
+  The ring buffer stores bar indices, position states and the behaviour's actions, not full
+  states: the market rows are gathered from the device copy.
 
 Built for capture: every shape is static, the replay buffer, the RNG and every counter live on
 the device, and nothing reads a value back to the host inside an epoch. Losses and statistics
@@ -37,10 +46,21 @@ import torch.nn.functional as F
 from torch import nn
 
 from foxhunt.train.data import N_MKT, MarketData
-from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
+from foxhunt.train.env import (
+    DIRECTIONS,
+    JOINT,
+    PORTFOLIO,
+    SIZES,
+    EnvConfig,
+    TradingEnv,
+    joint_table,
+)
 
-STATE_DIM = N_MKT + 4
-IN_DIM = 64  # the state (54) zero-padded to a tensor-core friendly width
+STATE_DIM = N_MKT + len(PORTFOLIO)
+IN_DIM = 64  # the state (53) zero-padded to a tensor-core friendly width
+N_ACTIONS = len(JOINT)
+SUPPORT_QUANTILE = 0.999  # derived support: this quantile of |discounted full-position return|
+SUPPORT_MARGIN = 1.5  # ... times this
 
 
 @dataclass(frozen=True)
@@ -56,10 +76,11 @@ class DQNConfig:
     """Return distribution: C51 (categorical, fixed atoms) or IQN (implicit quantiles)."""
     atoms: int = 51
     """C51: number of atoms of the support."""
-    v_min: float = -10.0
-    """C51: lowest atom (in scaled reward units)."""
-    v_max: float = 10.0
-    """C51: highest atom."""
+    v_min: float | None = None
+    """C51: lowest atom (in scaled reward units); None: derived from each fold's train range
+    (the return of holding a full position at this gamma; see the module docstring)."""
+    v_max: float | None = None
+    """C51: highest atom; None with v_min."""
     iqn_quantiles: int = 16
     """IQN: quantile fractions sampled per state, for the online and the target net alike."""
     iqn_embedding: int = 64
@@ -72,8 +93,10 @@ class DQNConfig:
     """Double Q: the online net chooses the next action, the target net values it."""
     cql_alpha: float = 0.0
     """Weight of the CQL penalty logsumexp_a Q(s,a) - Q(s,a_taken) (0: off)."""
-    gamma: float = 0.99
-    """Discount per bar."""
+    gamma: float = 0.5
+    """Discount per bar (0: a contextual bandit, each bar's reward alone). 0.5: the demo
+    market's order flow predicts the next bar's return, and at 0.9 or 0.99 the returns of bars
+    far ahead drown it (docs/performance.md, "Learning")."""
     n_step: int = 3
     """Steps of the n-step return."""
     reward_scale: float = 1e4
@@ -151,8 +174,12 @@ class DQNConfig:
         for k in ("envs", "collect_steps", "batch_size", "replay_capacity"):
             need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
         need(self.learn_steps is None or self.learn_steps >= 0, "learn_steps", "must be >= 0")
-        need(math.isfinite(self.v_min), "v_min", "must be finite")
-        need(math.isfinite(self.v_max) and self.v_max > self.v_min, "v_max", "must exceed v_min")
+        need((self.v_min is None) == (self.v_max is None), "v_max", "set both or neither")
+        if self.v_min is not None:
+            need(math.isfinite(self.v_min), "v_min", "must be finite")
+            need(
+                math.isfinite(self.v_max) and self.v_max > self.v_min, "v_max", "must exceed v_min"
+            )
         need(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
         need(0.0 <= self.epsilon <= 1.0, "epsilon", "must be in [0, 1]")
         need(0.0 <= self.per_beta <= 1.0, "per_beta", "must be in [0, 1]")
@@ -214,20 +241,20 @@ class NoisyLinear(nn.Module):
         return y[:, : self.out_features] if pad else y
 
 
-class BranchingQNet(nn.Module):
-    """Trunk -> value stream + one advantage stream per branch (dueling, branching).
+class QNet(nn.Module):
+    """Trunk -> value stream + advantage stream over the joint actions (dueling).
 
-    C51: returns logits [B, A, atoms] with A = sum(BRANCHES) actions of all branches side by side.
+    C51: returns logits [B, A, atoms] for the A = 30 joint actions.
     IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A]."""
 
-    def __init__(self, cfg: DQNConfig, branches: tuple[int, ...] = BRANCHES, align: int = 1):
+    def __init__(self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1):
         super().__init__()
-        self.cfg, self.branches, self.align = cfg, branches, align
+        self.cfg, self.n_act, self.align = cfg, n_actions, align
         self.iqn = cfg.distribution == "iqn"
         self.out = 1 if self.iqn else cfg.atoms
         dims = (IN_DIM, *cfg.hidden)
         self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
-        h, hh, nb = dims[-1], cfg.head_hidden, len(branches)
+        h, hh = dims[-1], cfg.head_hidden
         if self.iqn:
             self.embed = nn.Linear(cfg.iqn_embedding, h)
             self.register_buffer("cos_i", torch.arange(cfg.iqn_embedding) * math.pi)
@@ -235,13 +262,9 @@ class BranchingQNet(nn.Module):
         def lin(a, b):
             return NoisyLinear(a, b, cfg.noisy_sigma0) if cfg.noisy else nn.Linear(a, b)
 
-        self.head = lin(h, (1 + nb) * hh)  # value hidden and every branch's hidden, as one layer
+        self.head = lin(h, 2 * hh)  # the value stream's hidden layer and the advantage's, as one
         self.value = lin(hh, self.out)
-        self.adv = nn.ModuleList(lin(hh, n * self.out) for n in branches)
-        n_act = sum(branches)
-        offs = [0, *torch.tensor(branches).cumsum(0).tolist()]
-        self.offsets = offs[:-1]
-        self.n_act = n_act
+        self.adv = lin(hh, n_actions * self.out)
 
     def noisy_layers(self) -> list[NoisyLinear]:
         return [m for m in self.modules() if isinstance(m, NoisyLinear)]
@@ -254,8 +277,8 @@ class BranchingQNet(nn.Module):
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
 
     def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
-        """A head's output layer. With align > 1 its width (51, 153, 255, 102 for C51) is padded
-        to a multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
+        """A head's output layer. With align > 1 its width (51, 1530 for C51) is padded to a
+        multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
         kernels, in the backward pass as well."""
         pad = -layer.out_features % self.align
         if isinstance(layer, NoisyLinear):
@@ -275,51 +298,22 @@ class BranchingQNet(nn.Module):
             B, K = taus.shape
             phi = F.relu(self.embed(torch.cos(taus.unsqueeze(-1) * self.cos_i)))  # [B, K, h]
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
-        hs = F.relu(self._call(self.head, x, noise)).chunk(1 + len(self.branches), dim=1)
-        v = self._out(self.value, hs[0], noise).unsqueeze(1)  # [R, 1, out]
-        # Dueling per branch: each branch's advantages centred on their mean (elementwise work
-        # that torch.compile fuses; a block-diagonal mean matrix cost a slow batched GEMM).
-        a = torch.cat(
-            [
-                x - x.mean(1, keepdim=True)
-                for x in (
-                    self._out(layer, hb, noise).view(-1, n, self.out)
-                    for layer, hb, n in zip(self.adv, hs[1:], self.branches, strict=True)
-                )
-            ],
-            dim=1,
-        )  # [R, A, out]
-        q = v + a
+        hv, ha = F.relu(self._call(self.head, x, noise)).chunk(2, dim=1)
+        v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
+        a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
+        q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
         if self.iqn:
             return q.view(B, K, self.n_act)
         return q
 
 
 # ---------------------------------------------------------------------------------- pieces
-def branch_index(branches: tuple[int, ...] = BRANCHES) -> torch.Tensor:
-    """[nb, max_n] positions of each branch's actions among the A = sum(branches) actions side
-    by side, padded with A (a column of -inf that `per_branch` appends)."""
-    nmax, A = max(branches), sum(branches)
-    idx = torch.full((len(branches), nmax), A, dtype=torch.long)
-    o = 0
-    for b, nb in enumerate(branches):
-        idx[b, :nb] = torch.arange(o, o + nb)
-        o += nb
-    return idx
-
-
 def expected_q(out: torch.Tensor, z: torch.Tensor, iqn: bool) -> torch.Tensor:
     """Expected return of every action, [B, A], from C51 logits [B, A, atoms] on support z or
     IQN quantiles [B, K, A]."""
     if iqn:
         return out.float().mean(1)
     return torch.matmul(F.softmax(out.float(), -1), z)
-
-
-def per_branch(q: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """[B, A] -> [B, nb, max_n], padded with -inf: argmax(-1) is each branch's greedy action."""
-    q = torch.cat([q, q.new_full((q.shape[0], 1), -torch.inf)], 1)
-    return q[:, index]
 
 
 def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
@@ -336,15 +330,17 @@ def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: to
     """Project the distribution p_next [B, K, atoms] on support z, shifted to R + disc * z
     (R, disc [B, 1]), back onto z. Dense form: target atom j puts weight
     max(0, 1 - |b_j - i|) on atom i, where b_j is its fractional position; the same numbers as
-    Bellemare et al.'s Algorithm 1 (tested against it), with no atomics, so it is deterministic."""
+    Bellemare et al.'s Algorithm 1 (tested against it), with no atomics, so it is deterministic.
+    Returns the projection and the target mass that fell outside [z_0, z_-1] (clipped) [B, K]."""
     n = z.numel()
     v_min, v_max = z[0], z[-1]
     dz = (v_max - v_min) / (n - 1)
-    tz = (R + disc * z).clamp(v_min, v_max)  # [B, atoms]
-    b = (tz - v_min) / dz
+    tz = R + disc * z  # [B, atoms]
+    outside = ((tz < v_min) | (tz > v_max)).to(p_next.dtype)
+    b = (tz.clamp(v_min, v_max) - v_min) / dz
     i = torch.arange(n, device=z.device, dtype=b.dtype)
     hat = (1.0 - (b.unsqueeze(-1) - i).abs()).clamp_min(0.0)  # [B, j, i]
-    return torch.bmm(p_next, hat)
+    return torch.bmm(p_next, hat), (p_next * outside.unsqueeze(1)).sum(-1)
 
 
 def quantile_huber(theta: torch.Tensor, target: torch.Tensor, taus: torch.Tensor, kappa=1.0):
@@ -356,32 +352,37 @@ def quantile_huber(theta: torch.Tensor, target: torch.Tensor, taus: torch.Tensor
     return (w * huber / kappa).mean(2).sum(1).mean(-1)
 
 
-def n_step_targets(rewards: torch.Tensor, dones: torch.Tensor, gamma: float):
-    """n-step return and bootstrap discount of the oldest of n consecutive steps.
-
-    rewards, dones [n, E] (oldest first): R = sum_k gamma^k r_k, stopping after the first done;
-    disc = gamma^n when no step ended the episode, else 0."""
-    n = rewards.shape[0]
-    R = torch.zeros_like(rewards[0])
-    alive = torch.ones_like(rewards[0])
-    for k in range(n):
-        R = R + (gamma**k) * alive * rewards[k]
-        alive = alive * (1.0 - dones[k])
-    return R, (gamma**n) * alive
+def derived_support(ret1: torch.Tensor, gamma: float, horizon_cap: int = 4096) -> float:
+    """Half-width of a C51 support that holds the returns of this range: the SUPPORT_QUANTILE
+    of |sum_k gamma^k r[t+k]| (a full position held, the discount's horizon truncated where
+    gamma^k < 1e-4), times SUPPORT_MARGIN. `ret1` is the range's scaled per-bar returns."""
+    n = ret1.numel()
+    if gamma <= 0.0:
+        horizon = 1
+    elif gamma >= 1.0:
+        horizon = horizon_cap
+    else:
+        horizon = min(horizon_cap, max(1, math.ceil(math.log(1e-4) / math.log(gamma))))
+    horizon = min(horizon, n)
+    kernel = gamma ** torch.arange(horizon, device=ret1.device, dtype=torch.float32)
+    g = F.conv1d(ret1.float().view(1, 1, -1), kernel.view(1, 1, -1)).view(-1)  # valid windows
+    k = max(1, min(g.numel(), math.ceil(SUPPORT_QUANTILE * g.numel())))
+    return float(g.abs().kthvalue(k).values) * SUPPORT_MARGIN
 
 
 class Replay:
     """Proportional prioritised replay in a ring on the device.
 
-    fbuf [C, 10] float32: portfolio(s) 4, portfolio(s') 4, n-step return, bootstrap discount.
-    ibuf [C, 5] int64: bar t of s, bar of s', the three branch actions.
+    fbuf [C, 3] float32: the position state of s (position, entry price, bars held).
+    ibuf [C, 2 + 3 n] int64: bar t of s, the steps m <= n the return runs for (fewer when the
+    episode ended inside the window), and the behaviour's branch actions of the n steps.
     prio [C] float32: p_i^alpha; 0 for empty slots and incomplete transitions (never sampled).
     """
 
-    def __init__(self, capacity: int, device: torch.device):
+    def __init__(self, capacity: int, device: torch.device, n_step: int = 1):
         self.capacity = capacity
-        self.fbuf = torch.zeros(capacity, 10, device=device)
-        self.ibuf = torch.zeros(capacity, 5, dtype=torch.long, device=device)
+        self.fbuf = torch.zeros(capacity, 3, device=device)
+        self.ibuf = torch.zeros(capacity, 2 + 3 * n_step, dtype=torch.long, device=device)
         self.prio = torch.zeros(capacity, device=device)
         self.ptr = torch.zeros((), dtype=torch.long, device=device)
         self.max_prio = torch.ones((), device=device)
@@ -402,14 +403,14 @@ class Replay:
 
     def sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stratified proportional sample of len(u) slots (u uniform in [0, 1)) and their
-        importance weights (N P(i))^-beta / max_j (N P(j))^-beta = (p_i / min_j p_j)^-beta."""
+        importance weights (N P(i))^-beta normalised by the largest in the batch:
+        (p_i / min_batch p)^-beta, so the largest weight is 1."""
         B = u.shape[0]
         cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
         idx = torch.searchsorted(cdf, x, right=True).clamp_(max=self.capacity - 1)
         p = self.prio.index_select(0, idx)
-        p_min = torch.where(self.prio > 0, self.prio, torch.inf).min()
-        w = (p / p_min).pow(-self.beta)
+        w = (p / p.min()).pow(-self.beta)
         return idx, w
 
     def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
@@ -420,7 +421,10 @@ class Replay:
 
 # ---------------------------------------------------------------------------------- agent
 # Slots of the per-epoch statistics accumulator (read once per epoch).
-STATS = ("loss", "grad_norm", "q_taken", "cql", "collect_reward", "collect_trades", "episodes")
+STATS = (
+    "loss", "grad_norm", "q_taken", "cql", "collect_reward", "collect_trades", "episodes",
+    "support_clipped", "collect_short", "collect_flat", "collect_long",
+)  # fmt: skip
 
 
 class RainbowAgent:
@@ -432,8 +436,8 @@ class RainbowAgent:
         self.cfg = cfg = cfg.resolved(dev)
         self.data, self.device = data, dev
         torch.manual_seed(seed)
-        # Output widths padded inside the heads' matmuls on a GPU (see BranchingQNet._out).
-        self.net = BranchingQNet(cfg, align=8 if dev.type == "cuda" else 1).to(dev)
+        # Output widths padded inside the heads' matmuls on a GPU (see QNet._out).
+        self.net = QNet(cfg, align=8 if dev.type == "cuda" else 1).to(dev)
         self.params = list(self.net.parameters())
         # All weights live in one flat buffer and the modules' parameters are views of it, so
         # that clipping, Adam and the target update are each one kernel over one tensor (on a
@@ -454,22 +458,25 @@ class RainbowAgent:
         # dynamic=False: another agent in the same process (other sizes) recompiles for its
         # own static shapes; automatic dynamic shapes hit a dynamo guard error in torch 2.11.
         self.update_fn = torch.compile(self._update, dynamic=False) if cfg.compile else self._update
-        self.replay = Replay(cfg.replay_capacity, dev)
+        self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
-        self.z = torch.linspace(cfg.v_min, cfg.v_max, cfg.atoms, device=dev)
+        # The support: fixed by the config, or rewritten in place per fold (reset_fold).
+        lo, hi = (cfg.v_min, cfg.v_max) if cfg.v_min is not None else (-1.0, 1.0)
+        self.z = torch.linspace(lo, hi, cfg.atoms, device=dev)
         E, n = cfg.envs, cfg.n_step
-        # n-step history (oldest first): bar, actions | portfolio, reward, done | valid.
+        # n-step history (oldest first): bar and branch actions | position state | done | valid.
         self.h_i = torch.zeros(n, E, 4, dtype=torch.long, device=dev)
-        self.h_f = torch.zeros(n, E, 6, device=dev)
+        self.h_s = torch.zeros(n, E, 3, device=dev)
+        self.h_d = torch.zeros(n, E, dtype=torch.bool, device=dev)
         self.h_v = torch.zeros(n, E, dtype=torch.bool, device=dev)
         self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
         self.pad = {}
-        # Padded per-branch view of the A actions for argmax/logsumexp: [nb, max_n] indices
-        # into A + 1 columns, the last one -inf.
-        self.pad_idx = branch_index().to(dev)
-        self.offsets = torch.tensor(self.net.offsets, device=dev)
-        self.n_branch = torch.tensor(BRANCHES, device=dev)
+        self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
+        self.dir_tab = torch.tensor(DIRECTIONS, device=dev)
+        self.size_tab = torch.tensor(SIZES, device=dev)
+        # Branch indices -> joint index: direction * 10 + size * 2 + order type.
+        self.joint_stride = torch.tensor([10, 2, 1], device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._reset_lists = None
         if cfg.compile:
@@ -493,32 +500,34 @@ class RainbowAgent:
         """Expected return of every action, [B, A], from logits (C51) or quantiles (IQN)."""
         return expected_q(out, self.z, self.cfg.distribution == "iqn")
 
-    def per_branch(self, q: torch.Tensor) -> torch.Tensor:
-        """[B, A] -> [B, nb, max_n], padded with -inf."""
-        return per_branch(q, self.pad_idx)
-
     def _taus(self, n: int) -> torch.Tensor | None:
         if self.cfg.distribution != "iqn":
             return None
         return torch.rand(n, self.cfg.iqn_quantiles, device=self.device)
 
-    def act(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
-        """Greedy branch actions [B, nb] (noise: sample the noisy layers' current noise)."""
+    def act_joint(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
+        """Greedy joint actions [B] (noise: sample the noisy layers' current noise)."""
         with torch.no_grad(), self._autocast():
             out = self.net(state, self._taus(len(state)), noise=noise)
-        return self.per_branch(self.q_values(out)).argmax(-1)
+        return self.q_values(out).argmax(-1)
+
+    def act(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
+        """Greedy branch actions [B, 3] (direction, size, order type)."""
+        return self.joint.index_select(0, self.act_joint(state, noise))
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
         """Fresh weights, optimiser, replay and envs for a fold, all in place: a few batched
-        (foreach) kernels, so that a fold transition costs about a millisecond on a GPU."""
+        (foreach) kernels, so that a fold transition costs about a millisecond on a GPU (and a
+        derived support one pass over the train range)."""
         torch.manual_seed(seed)
         if self._reset_lists is None:
             self.ensure_optimizer_state()
             nets = [*self.net.state_dict().values(), *self.target.state_dict().values()]
             init = [*self.init_state.values(), *self.init_state.values()]
             zero = [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
-            zero += [self.replay.prio, self.replay.ptr, self.h_i, self.h_f, self.h_v, self.stats]
+            zero += [self.replay.prio, self.replay.ptr, self.h_i, self.h_s, self.h_d, self.h_v]
+            zero += [self.stats]
             self._reset_lists = (nets, init, zero)
         nets, init, zero = self._reset_lists
         with torch.no_grad():
@@ -526,6 +535,10 @@ class RainbowAgent:
             torch._foreach_zero_(zero)
             self.replay.max_prio.fill_(1.0)
         self.data.fit_normaliser(train_lo, train_hi)
+        if self.cfg.v_min is None:
+            r = self.data.ret1[train_lo : train_hi - 1] * self.cfg.reward_scale
+            half = derived_support(r, self.cfg.gamma)
+            self.z.copy_(torch.linspace(-half, half, self.cfg.atoms, device=self.device))
         self.env.set_range(train_lo, train_hi)
         self.env.reset(torch.rand(self.cfg.envs, device=self.device))
 
@@ -533,31 +546,31 @@ class RainbowAgent:
     def _collect_step(self, u: torch.Tensor) -> None:
         cfg, env = self.cfg, self.env
         t = env.t.clone()
-        port = env.portfolio()
+        pstate = torch.stack([env.pos, env.entry, env.hold], 1)
         if cfg.noisy:
             self.net.reset_noise()
-        a = self.act(self.state(t, port), noise=True)
+        a = self.act_joint(self.state(t, env.portfolio()), noise=True)
         if cfg.epsilon > 0:
-            n = self.n_branch
-            rnd = (u[:, 1:4] * n).long().minimum(n - 1)
-            a = torch.where((u[:, :1] < cfg.epsilon), rnd, a)
-        _, reward, filled, done = env.step(a[:, 0], a[:, 1], a[:, 2], u[:, 4])
-        port_next = env.portfolio()
-        r = reward * cfg.reward_scale
+            rnd = (u[:, 1] * len(JOINT)).long().clamp(max=len(JOINT) - 1)
+            a = torch.where(u[:, 0] < cfg.epsilon, rnd, a)
+        ab = self.joint.index_select(0, a)
+        _, reward, filled, done = env.step(ab[:, 0], ab[:, 1], ab[:, 2], u[:, 4])
         # Shift the n-step history and append this step.
-        self.h_i.copy_(torch.cat([self.h_i[1:], torch.cat([t[:, None], a], 1)[None]]))
-        self.h_f.copy_(
-            torch.cat([self.h_f[1:], torch.cat([port, r[:, None], done[:, None].float()], 1)[None]])
-        )
+        self.h_i.copy_(torch.cat([self.h_i[1:], torch.cat([t[:, None], ab], 1)[None]]))
+        self.h_s.copy_(torch.cat([self.h_s[1:], pstate[None]]))
+        self.h_d.copy_(torch.cat([self.h_d[1:], done[None]]))
         self.h_v.copy_(torch.cat([self.h_v[1:], torch.ones_like(done)[None]]))
-        R, disc = n_step_targets(self.h_f[:, :, 4], self.h_f[:, :, 5], cfg.gamma)
-        f = torch.cat([self.h_f[0, :, :4], port_next, R[:, None], disc[:, None]], 1)
-        i = torch.cat([self.h_i[0, :, :1], env.t[:, None], self.h_i[0, :, 1:]], 1)
-        self.replay.add(f, i, self.h_v[0])
+        # The oldest step's return runs until the first episode end in the window (included).
+        alive = torch.cumprod((~self.h_d[:-1]).long(), 0)  # [n - 1, E]
+        m = 1 + alive.sum(0)
+        acts = self.h_i[:, :, 1:].permute(1, 0, 2).reshape(cfg.envs, -1)  # [E, 3 n]
+        i = torch.cat([self.h_i[0, :, :1], m[:, None], acts], 1)
+        self.replay.add(self.h_s[0], i, self.h_v[0])
         s = self.stats
         s[4] += reward.sum()
         s[5] += filled.abs().sum()
         s[6] += done.sum()
+        s[8:11] += (ab[:, :1] == self.joint[::10, 0]).sum(0)  # directions taken (graph-safe)
 
     def _collect_block(self) -> None:
         for k in range(self.cfg.collect_steps):
@@ -571,15 +584,41 @@ class RainbowAgent:
             self._collect_block()
 
     # ------------------------------------------------------------------ learn
+    def _replay_return(self, t, m, acts, pstate):
+        """The n-step return of sampled transitions, replayed from the data.
+
+        t, m [B]: first bar and steps; acts [B, n, 3]: the behaviour's branch actions; pstate
+        [B, 3]: position, entry price and bars held at bar t. Steps 1..m re-run `TradingEnv.fill`
+        over bars t .. t + m - 1 (the env's own arithmetic, so the rewards are the ones it paid).
+        Returns the discounted scaled reward sum [B] and the portfolio features at bar t + m
+        [B, 3], the state the return bootstraps from: for a transition cut by an episode end,
+        the state that end reached, not the restarted env's."""
+        cfg, env = self.cfg, self.env
+        pos, entry, hold = pstate.unbind(1)
+        G = torch.zeros_like(pos)
+        last = self.data.n - 2  # a masked step past the data reads a valid bar all the same
+        for k in range(cfg.n_step):
+            live = k < m
+            tk = (t + k).clamp(max=last)
+            a = acts[:, k]
+            target = self.dir_tab[a[:, 0]] * self.size_tab[a[:, 1]]
+            r, _, p2, e2, h2 = env.fill(tk, pos, entry, hold, target, a[:, 2] == 1)
+            G = G + torch.where(live, (cfg.gamma**k) * cfg.reward_scale * r, 0.0)
+            pos, entry, hold = (torch.where(live, x2, x) for x2, x in
+                                ((p2, pos), (e2, entry), (h2, hold)))  # fmt: skip
+        return G, env.portfolio_of(t + m, pos, entry, hold)
+
     def _loss(self, idx: torch.Tensor, w: torch.Tensor):
-        cfg, B = self.cfg, idx.shape[0]
+        cfg, env, B = self.cfg, self.env, idx.shape[0]
         f = self.replay.fbuf.index_select(0, idx)
         i = self.replay.ibuf.index_select(0, idx)
-        s = self.state(i[:, 0], f[:, 0:4])
-        s2 = self.state(i[:, 1], f[:, 4:8])
-        R, disc = f[:, 8:9], f[:, 9:10]
-        act = self.offsets + i[:, 2:5]  # [B, nb] columns of the taken actions
-        nb = act.shape[1]
+        t, m = i[:, 0], i[:, 1]
+        acts = i[:, 2:].reshape(B, cfg.n_step, 3)
+        s = self.state(t, env.portfolio_of(t, f[:, 0], f[:, 1], f[:, 2]))
+        R, port2 = self._replay_return(t, m, acts, f)
+        s2 = self.state(t + m, port2)
+        disc = torch.pow(cfg.gamma, m.float())[:, None]  # [B, 1]; gamma^0 never occurs (m >= 1)
+        act = (acts[:, 0] * self.joint_stride).sum(1)[:, None]  # [B, 1] joint action taken
         taus = self._taus(B)
         with self._autocast():
             out = self.net(s, taus)
@@ -587,12 +626,13 @@ class RainbowAgent:
                 tg2 = self.target(s2, self._taus(B))
                 on2 = self.net(s2, self._taus(B)) if cfg.double_q else tg2
         with torch.no_grad():
-            a2 = self.offsets + self.per_branch(self.q_values(on2)).argmax(-1)  # [B, nb]
+            a2 = self.q_values(on2).argmax(-1, keepdim=True)  # [B, 1]
+        clipped = torch.zeros((), device=self.device)
         if cfg.distribution == "iqn":
             theta = out.float().gather(2, act[:, None, :].expand(-1, out.shape[1], -1))
             with torch.no_grad():
                 nxt = tg2.float().gather(2, a2[:, None, :].expand(-1, tg2.shape[1], -1))
-                target = R[:, :, None] + disc[:, :, None] * nxt  # [B, K', nb]
+                target = R[:, None, None] + disc[:, :, None] * nxt  # [B, K', 1]
             per = quantile_huber(theta, target, taus)
             q_taken = theta.detach().mean()
         else:
@@ -600,17 +640,17 @@ class RainbowAgent:
             logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
             with torch.no_grad():
                 p2 = F.softmax(tg2.float().gather(1, a2[:, :, None].expand(-1, -1, A)), -1)
-                m = project_c51(p2, R, disc, self.z)
+                target, clip = project_c51(p2, R[:, None], disc, self.z)
+                clipped = clip.mean()
                 q_taken = torch.matmul(logp.detach().exp(), self.z).mean()
-            per = -(m * logp).sum(-1).mean(1)
+            per = -(target * logp).sum(-1).mean(1)
         loss = (w * per).mean()
         cql = torch.zeros((), device=self.device)
         if cfg.cql_alpha > 0:
             q = self.q_values(out)
-            taken = q.gather(1, act)
-            cql = (torch.logsumexp(self.per_branch(q), -1) - taken).sum(1).mean() / nb
+            cql = (torch.logsumexp(q, -1) - q.gather(1, act)[:, 0]).mean()
             loss = loss + cfg.cql_alpha * cql
-        return loss, per.detach(), q_taken, cql.detach()
+        return loss, per.detach(), q_taken, cql.detach(), clipped
 
     def _learn_step(self) -> None:
         cfg = self.cfg
@@ -618,7 +658,7 @@ class RainbowAgent:
             self.net.reset_noise()
             self.target.reset_noise()
         idx, w = self.replay.sample(torch.rand(cfg.batch_size, device=self.device))
-        loss, per, q_taken, cql = self._loss(idx, w)
+        loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
             p.grad = None
         loss.backward()
@@ -627,6 +667,7 @@ class RainbowAgent:
         with torch.no_grad():
             self.replay.update(idx, per, cfg.per_alpha)
             self.stats[0:4] += torch.stack([loss.detach(), gn, q_taken, cql])
+            self.stats[7] += clipped
 
     def _update(self) -> torch.Tensor:
         """Clip the gradient to the global norm (as clip_grad_norm_), Adam, soft target update.
@@ -660,6 +701,12 @@ class RainbowAgent:
             "charts/collect_reward_bps": v[4] / c * 1e4,
             "charts/collect_turnover": v[5] / c,
             "charts/episodes": v[6],
+            "charts/support_clipped": v[7] / k,
+            "charts/support_v_max": float(self.z[-1]),
+            **{
+                f"charts/collect_{d}": v[8 + i] / max(self.cfg.collect_steps * self.cfg.envs, 1)
+                for i, d in enumerate(("short", "flat", "long"))
+            },
         }
 
     # ------------------------------------------------------------------ capture
@@ -736,9 +783,15 @@ class RainbowAgent:
         r, e = self.replay, self.env
         for k in ("fbuf", "ibuf", "prio", "ptr", "max_prio", "beta"):
             st[f"replay.{k}"] = getattr(r, k)
-        for k in ("t", "pos", "entry", "hold", "eq", "steps", "lo", "hi", "episode_bars"):
+        for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
             st[f"env.{k}"] = getattr(e, k)
-        st["hist.i"], st["hist.f"], st["hist.v"] = self.h_i, self.h_f, self.h_v
+        st["hist.i"], st["hist.s"], st["hist.d"], st["hist.v"] = (
+            self.h_i,
+            self.h_s,
+            self.h_d,
+            self.h_v,
+        )
+        st["support.z"] = self.z
         st["stats"] = self.stats
         st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
         return st

@@ -15,11 +15,18 @@ step is the simple return earned over bar t -> t+1, as a fraction of the notiona
 
     reward = new_position * (close[t+1] / close[t] - 1) - cost_rate * |filled trade|
 
+The three branches form 30 joint actions (`JOINT`), which is what the agents choose among. The
+arithmetic of a step is `TradingEnv.fill`, a pure function of the bar, the position state and
+the order, broadcast over any shape: the agent's replay stores states and actions, and replays
+the rewards with it.
+
 Episodes start at random bars of the range (flat) and end after `episode_bars` steps or at the
-end of the range; an ended env restarts at once at a new random bar, so every env steps on every
-call and the shapes never change. All state lives in persistent device tensors that are updated
-in place, so a block of steps can be captured as a CUDA graph; the range bounds are device
-tensors too, so moving to another fold does not invalidate a captured graph.
+end of the range. Both are time limits, not terminal states: the agent bootstraps through them
+(Pardo et al. 2018), and the state holds nothing that a time limit resets. An ended env
+restarts at once at a new random bar, so every env steps on every call and the shapes never
+change. All state lives in persistent device tensors that are updated in place, so a block of
+steps can be captured as a CUDA graph; the range bounds are device tensors too, so moving to
+another fold does not invalidate a captured graph.
 
 The random numbers of a step (restart bars) come in as an argument: the step itself draws none,
 which keeps it deterministic for a test against a slow numpy reference
@@ -36,7 +43,16 @@ DIRECTIONS = (-1.0, 0.0, 1.0)
 SIZES = (0.2, 0.4, 0.6, 0.8, 1.0)
 ORDER_TYPES = ("market", "passive_limit")
 BRANCHES = (len(DIRECTIONS), len(SIZES), len(ORDER_TYPES))
-PORTFOLIO = ("position", "unrealised_pnl_pct", "bars_in_position_100", "episode_pnl_pct")
+JOINT = tuple(
+    (d, s, o) for d in range(BRANCHES[0]) for s in range(BRANCHES[1]) for o in range(BRANCHES[2])
+)
+"""The 30 joint actions, as (direction, size, order type) branch indices."""
+PORTFOLIO = ("position", "unrealised_pnl_pct", "bars_in_position_100")
+
+
+def joint_table(device: torch.device | str = "cpu") -> torch.Tensor:
+    """[30, 3] branch indices of the joint actions."""
+    return torch.tensor(JOINT, dtype=torch.long, device=device)
 
 
 @dataclass(frozen=True)
@@ -94,7 +110,6 @@ class TradingEnv:
         self.pos = torch.zeros(E, device=dev)
         self.entry = torch.zeros(E, device=dev)  # close where the position was opened
         self.hold = torch.zeros(E, device=dev)  # bars in the current position
-        self.eq = torch.zeros(E, device=dev)  # episode PnL (sum of rewards)
         self.steps = torch.zeros(E, dtype=torch.long, device=dev)
 
     # ------------------------------------------------------------------ state
@@ -117,7 +132,6 @@ class TradingEnv:
         self.pos.zero_()
         self.entry.copy_(self.close.index_select(0, self.t))
         self.hold.zero_()
-        self.eq.zero_()
         self.steps.zero_()
 
     def _start(self, u: torch.Tensor) -> torch.Tensor:
@@ -126,11 +140,49 @@ class TradingEnv:
         return self.lo + (u * span).long().clamp(max=self.hi - 2 - self.lo)
 
     def portfolio(self) -> torch.Tensor:
-        """[E, 4]: position, unrealised PnL (%), bars in position / 100, episode PnL (%)."""
-        upnl = self.pos * (self.close.index_select(0, self.t) / self.entry - 1.0)
-        return torch.stack([self.pos, upnl * 100.0, self.hold / 100.0, self.eq * 100.0], 1)
+        """[E, 3]: position, unrealised PnL (%), bars in position / 100."""
+        return self.portfolio_of(self.t, self.pos, self.entry, self.hold)
 
     # ------------------------------------------------------------------ step
+    def _at(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return x.index_select(0, t.reshape(-1)).reshape(t.shape)
+
+    def fill(
+        self,
+        t: torch.Tensor,
+        pos: torch.Tensor,
+        entry: torch.Tensor,
+        hold: torch.Tensor,
+        target: torch.Tensor,
+        passive: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        """One step's arithmetic at bars `t` from (position, entry price, bars held) towards
+        `target` with a market (passive False) or passive limit order; every argument broadcasts
+        against the others. Returns (reward, filled trade, position, entry, bars held) after."""
+        trade = target - pos
+        c0 = self._at(self.close, t)
+        t1 = t + 1
+        through = torch.where(
+            trade > 0,
+            self._at(self.low, t1) < c0 * (1.0 - self.offset),
+            self._at(self.high, t1) > c0 * (1.0 + self.offset),
+        )
+        filled = torch.where(~passive | through, trade, torch.zeros_like(trade))
+        new_pos = pos + filled
+        rate = torch.where(passive, self.passive_cost, self.market_cost)
+        reward = new_pos * self._at(self.ret1, t) - rate * filled.abs()
+        opened = (torch.sign(new_pos) != torch.sign(pos)) & (new_pos != 0)
+        entry = torch.where(opened, c0, entry)
+        hold = torch.where(new_pos == 0, 0.0, torch.where(opened, 1.0, hold + 1.0))
+        return reward, filled, new_pos, entry, hold
+
+    def portfolio_of(
+        self, t: torch.Tensor, pos: torch.Tensor, entry: torch.Tensor, hold: torch.Tensor
+    ) -> torch.Tensor:
+        """[..., 3] portfolio features (PORTFOLIO) of positions held at bars `t`."""
+        upnl = pos * (self._at(self.close, t) / entry - 1.0)
+        return torch.stack([pos, upnl * 100.0, hold / 100.0], -1)
+
     def step(
         self,
         a_dir: torch.Tensor,
@@ -142,31 +194,13 @@ class TradingEnv:
         """One step of every env. Returns (t, reward, filled trade, done) of this step;
         the env state moves on to the next bar (or a restart when `done` and `restart`)."""
         t = self.t.clone()
-        pos = self.pos
         target = self.dir_tab[a_dir] * self.size_tab[a_size]
-        trade = target - pos
-        c0 = self.close.index_select(0, t)
-        t1 = t + 1
-        buy = trade > 0
-        through = torch.where(
-            buy,
-            self.low.index_select(0, t1) < c0 * (1.0 - self.offset),
-            self.high.index_select(0, t1) > c0 * (1.0 + self.offset),
+        reward, filled, new_pos, entry, hold = self.fill(
+            t, self.pos, self.entry, self.hold, target, a_type == 1
         )
-        passive = a_type == 1
-        fills = ~passive | through
-        filled = torch.where(fills, trade, torch.zeros_like(trade))
-        new_pos = pos + filled
-        rate = torch.where(passive, self.passive_cost, self.market_cost)
-        reward = new_pos * self.ret1.index_select(0, t) - rate * filled.abs()
-
-        opened = (torch.sign(new_pos) != torch.sign(pos)) & (new_pos != 0)
-        entry = torch.where(opened, c0, self.entry)
-        hold = torch.where(new_pos == 0, 0.0, torch.where(opened, 1.0, self.hold + 1.0))
-        eq = self.eq + reward
+        t1 = t + 1
         steps = self.steps + 1
         done = (steps >= self.episode_bars) | (t1 >= self.hi - 1)
-
         if restart:
             t_next = torch.where(done, self._start(u_restart), t1)
         else:
@@ -175,6 +209,5 @@ class TradingEnv:
         self.pos.copy_(torch.where(done, 0.0, new_pos))
         self.entry.copy_(torch.where(done, self.close.index_select(0, t_next), entry))
         self.hold.copy_(torch.where(done, 0.0, hold))
-        self.eq.copy_(torch.where(done, 0.0, eq))
         self.steps.copy_(torch.where(done, 0, steps))
         return t, reward, filled, done

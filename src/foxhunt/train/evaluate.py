@@ -30,6 +30,7 @@ class Evaluator:
         self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
         self.starts = torch.zeros(segments, dtype=torch.long, device=dev)
         self.rets = self.trades = None
+        self.last_positions: torch.Tensor | None = None  # positions held over the last run
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def _step(self, policy: Policy) -> None:
@@ -50,7 +51,8 @@ class Evaluator:
     def run(
         self, policy: Policy, lo: int, hi: int, graph: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1).
+        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1);
+        the positions held over them are in `last_positions` after the call.
         With `graph` (and `capture` on), the policy's step is captured the first time and
         replayed after: the policy must be graph-safe (device tensors only, no host reads), as
         the greedy policy is."""
@@ -79,6 +81,7 @@ class Evaluator:
                 g.replay()
             else:
                 self._step(policy)
+        self.last_positions = self.trades[:L].cumsum(0).T.reshape(-1)[:n]  # pieces start flat
         return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
 
     def _capture(self, policy: Policy) -> torch.cuda.CUDAGraph:

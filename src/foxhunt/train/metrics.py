@@ -22,6 +22,9 @@ METRICS = (
     "hit_rate",
     "total_return",
     "bars",
+    "short",
+    "flat",
+    "long",
 )
 
 
@@ -35,11 +38,17 @@ def periods_per_year(timestamps) -> float:
     return (n - 1) / (span / YEAR_NS)
 
 
-def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, periods: float) -> dict:
+def trading_metrics(
+    returns: torch.Tensor,
+    trades: torch.Tensor,
+    periods: float,
+    positions: torch.Tensor | None = None,
+) -> dict:
     """Sharpe, Sortino (downside deviation about 0), profit factor (gross gains / gross losses),
     max drawdown of the compounded equity curve (fraction of its peak), turnover (mean |position
-    change| per bar), hit rate (share of bars with a gain among bars with a non-zero return) and
-    total compounded return."""
+    change| per bar), hit rate (share of bars with a gain among bars with a non-zero return),
+    total compounded return, and, given the positions held, the shares of bars held short, flat
+    and long (which directions the policy uses)."""
     r = returns.double()
     n = r.numel()
     if n < 2:
@@ -55,6 +64,8 @@ def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, periods: float)
     mdd = (1.0 - equity / peak).max()
     nonzero = (r != 0).double().sum()
     wins = (r > 0).double().sum()
+    p = positions if positions is not None else torch.full_like(r, math.nan)
+    usage = [(p < 0).double().mean(), (p == 0).double().mean(), (p > 0).double().mean()]
     vals = torch.stack(
         [
             mean,
@@ -67,9 +78,10 @@ def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, periods: float)
             wins,
             nonzero,
             equity[-1] - 1.0,
+            *usage,
         ]
     ).tolist()
-    mean, std, down, gains, losses, mdd, turnover, wins, nonzero, total = vals
+    mean, std, down, gains, losses, mdd, turnover, wins, nonzero, total, *usage = vals
 
     def ratio(a: float, b: float) -> float:
         return a / b if b > 0 else 0.0
@@ -83,4 +95,9 @@ def trading_metrics(returns: torch.Tensor, trades: torch.Tensor, periods: float)
         "hit_rate": ratio(wins, nonzero),
         "total_return": total,
         "bars": float(n),
+        **(
+            dict(zip(("short", "flat", "long"), usage, strict=True))
+            if positions is not None
+            else {}
+        ),
     }

@@ -1,7 +1,7 @@
 """A fold's best checkpoint as an MLflow model (pyfunc): load it from MLflow and get actions.
 
     model = mlflow.pyfunc.load_model("models:/foxhunt-ES-dqn/1")
-    model.predict(frame)    # columns: the 50 market columns and the 4 portfolio ones, by name
+    model.predict(frame)    # columns: the 50 market columns and the 3 portfolio ones, by name
 
 The model carries the checkpoint files and foxhunt's own code (`code_paths`), so it loads in
 any environment with torch, safetensors, numpy and pandas. Imported only where MLflow is.

@@ -7,7 +7,7 @@ order-flow values of a bar, unnormalised) and the portfolio state to greedy bran
 the trainer's evaluation does. `foxhunt.train.mlflow_model` wraps it as an MLflow model.
 
     policy = Policy.load("data/runs/<run>/<task>/fold-0/best.safetensors")
-    actions = policy.act(market, portfolio)      # [n, 50], [n, 4] -> [n, 3] branch indices
+    actions = policy.act(market, portfolio)      # [n, 50], [n, 3] -> [n, 3] branch indices
 
 IQN's greedy action averages quantiles at sampled fractions during training; here the fractions
 are fixed midpoints, so a served IQN policy is deterministic.
@@ -23,27 +23,19 @@ import numpy as np
 import torch
 
 from foxhunt.train.data import CLIP, N_MKT
-from foxhunt.train.dqn import (
-    IN_DIM,
-    STATE_DIM,
-    BranchingQNet,
-    DQNConfig,
-    branch_index,
-    expected_q,
-    per_branch,
-)
-from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
+from foxhunt.train.dqn import IN_DIM, STATE_DIM, DQNConfig, QNet, expected_q
+from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES, joint_table
 
 
 class Policy:
     def __init__(self, tensors: dict[str, torch.Tensor], cfg: DQNConfig, columns: list[str]):
         self.cfg, self.columns = cfg, columns
-        self.net = BranchingQNet(cfg)
+        self.net = QNet(cfg)
         self.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
         self.net.eval()
         self.mean, self.inv_std = tensors["norm.mean"], tensors["norm.inv_std"]
-        self.z = torch.linspace(cfg.v_min, cfg.v_max, cfg.atoms)
-        self.index = branch_index()
+        self.z = tensors["support.z"]
+        self.joint = joint_table()
         self.iqn = cfg.distribution == "iqn"
 
     @classmethod
@@ -61,8 +53,8 @@ class Policy:
 
     def act(self, market: np.ndarray, portfolio: np.ndarray) -> np.ndarray:
         """Greedy actions [n, 3] (direction, size, order type indices) for raw market rows
-        [n, 50] and portfolio states [n, 4] (position, unrealised PnL, bars in position / 100,
-        episode PnL, as `foxhunt.train.env.PORTFOLIO`)."""
+        [n, 50] and portfolio states [n, 3] (position, unrealised PnL in %, bars in position /
+        100, as `foxhunt.train.env.PORTFOLIO`)."""
         x = torch.tensor(np.asarray(market, dtype=np.float32))  # a copy: inputs may be read-only
         p = torch.tensor(np.asarray(portfolio, dtype=np.float32))
         if x.ndim != 2 or x.shape[1] != N_MKT or p.shape != (len(x), len(PORTFOLIO)):
@@ -78,7 +70,7 @@ class Policy:
             taus = ((torch.arange(k) + 0.5) / k).expand(len(x), k)
         with torch.no_grad():
             out = self.net(state, taus, noise=False)
-        return per_branch(expected_q(out, self.z, self.iqn), self.index).argmax(-1).numpy()
+        return self.joint[expected_q(out, self.z, self.iqn).argmax(-1)].numpy()
 
     @staticmethod
     def describe(actions: np.ndarray) -> dict[str, list]:

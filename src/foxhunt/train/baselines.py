@@ -1,0 +1,156 @@
+"""Baseline policies beside every trained model: what a learned policy must beat.
+
+Each baseline is a `Policy` (bars, portfolio -> branch actions) evaluated by the same
+`Evaluator`, env, costs and metrics code as the trained agent, on the same val and test ranges:
+
+    flat            never trades (Sharpe 0: the floor)
+    buy_and_hold    long at full size with market orders from the first bar
+    random          uniform branch actions
+    ridge           ridge regression of the next bar's return on the 50 observable columns
+                    (features and order flow, normalised on the train range), fitted on the
+                    train range; holds sign(prediction) at full size with market orders
+    logistic        logistic regression of the next return's sign, same columns; holds
+                    sign(p - 1/2)
+    ridge_cost / logistic_cost
+                    cost-aware: move to sign(prediction) only when |prediction| exceeds a
+                    threshold, otherwise keep the position; the threshold is the one of a
+                    fixed grid (quantiles of |prediction| on the val range) with the best val
+                    Sharpe, so the val figure is optimistic and the test figure honest
+
+Fits use bars [train_start, train_end - 1) only: the label of bar t is bar t+1's return, so the
+last train bar's label would read past the range. Nothing is fitted on val or test except the
+cost-aware threshold, chosen on val as a hyperparameter is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from foxhunt.train.env import DIRECTIONS, SIZES
+from foxhunt.train.evaluate import Evaluator, Policy, random_policy
+from foxhunt.train.metrics import trading_metrics
+
+FULL = SIZES.index(1.0)
+MARKET = 0
+FLAT = DIRECTIONS.index(0.0)
+RIDGE_L2 = 1e-3  # ridge penalty, relative to the bar count (the columns are normalised)
+THRESHOLD_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95)
+NAMES = ("flat", "buy_and_hold", "random", "ridge", "ridge_cost", "logistic", "logistic_cost")
+
+
+def constant_policy(direction: int) -> Policy:
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        a = torch.tensor([direction, FULL, MARKET], device=t.device)
+        return a.expand(len(t), 3)
+
+    return act
+
+
+def signal_policy(score: torch.Tensor, threshold: float = 0.0) -> Policy:
+    """Hold sign(score[t]) at full size; with a threshold, trade only when |score[t]| exceeds
+    it and keep the current position otherwise. `score` [N] covers every bar of the data."""
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        s = score.index_select(0, t)
+        want = torch.sign(s).long() + FLAT  # 0 short, 1 flat, 2 long
+        keep = torch.sign(portfolio[:, 0]).long() + FLAT
+        direction = torch.where(s.abs() > threshold, want, keep)
+        full = torch.full_like(direction, FULL)
+        return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
+
+    return act
+
+
+def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Weights [d + 1] (bias last) of ridge regression, in float64."""
+    x, y = x.double(), y.double()
+    n, d = x.shape
+    xb = torch.cat([x, x.new_ones(n, 1)], 1)
+    reg = torch.eye(d + 1, dtype=x.dtype, device=x.device) * (RIDGE_L2 * n)
+    reg[d, d] = 0.0  # the bias is not penalised
+    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y)
+
+
+def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Tensor:
+    """Weights [d + 1] (bias last) of L2-regularised logistic regression of y > 0, by L-BFGS
+    in float64 (a convex problem: the optimum does not depend on the start)."""
+    x = x.double()
+    keep = y != 0
+    x, lab = x[keep], (y[keep] > 0).double()
+    n, d = x.shape
+    xb = torch.cat([x, x.new_ones(n, 1)], 1)
+    w = torch.zeros(d + 1, dtype=x.dtype, device=x.device, requires_grad=True)
+    opt = torch.optim.LBFGS([w], max_iter=steps, line_search_fn="strong_wolfe")
+
+    def closure():
+        opt.zero_grad()
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(xb @ w, lab)
+        loss = loss + 1e-4 * w[:d].square().sum()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return w.detach()
+
+
+def scores(data, w: torch.Tensor) -> torch.Tensor:
+    """Prediction for every bar from the normalised observation (the normaliser must be fitted
+    on the train range first), float32 [N]."""
+    x = data.observe(torch.arange(data.n, device=data.device)).double()
+    return (x @ w[:-1] + w[-1]).float()
+
+
+def evaluate_baselines(
+    evaluator: Evaluator,
+    data,
+    ranges: dict[str, tuple[int, int]],
+    periods: float,
+    seed: int,
+) -> dict[str, dict[str, dict]]:
+    """Every baseline's val and test metrics on one fold: {name: {"val": m, "test": m}}.
+    Fits the data's normaliser on the train range (as the agent does)."""
+    lo, hi = ranges["train"]
+    data.fit_normaliser(lo, hi)
+    t = torch.arange(lo, hi - 1, device=data.device)
+    x, y = data.observe(t), data.ret1.index_select(0, t)
+    ridge = scores(data, fit_ridge(x, y))
+    logit = scores(data, fit_logistic(x, y))
+    gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
+
+    def run(policy: Policy, part: str) -> dict:
+        r, tr = evaluator.run(policy, *ranges[part])
+        return trading_metrics(r, tr, periods, evaluator.last_positions)
+
+    def both(make: Callable[[], Policy]) -> dict:
+        return {part: run(make(), part) for part in ("val", "test")}
+
+    out = {
+        "flat": both(lambda: constant_policy(FLAT)),
+        "buy_and_hold": both(lambda: constant_policy(DIRECTIONS.index(1.0))),
+        "random": both(lambda: random_policy(gen)),
+        "ridge": both(lambda: signal_policy(ridge)),
+        "logistic": both(lambda: signal_policy(logit)),
+    }
+    for name, s in (("ridge_cost", ridge), ("logistic_cost", logit)):
+        vlo, vhi = ranges["val"]
+        mags = s[vlo:vhi].abs().double()
+        best = None
+        for q in THRESHOLD_QUANTILES:
+            thr = float(torch.quantile(mags, q)) if q > 0 else 0.0
+            m = run(signal_policy(s, thr), "val")
+            if best is None or m["sharpe"] > best[1]["sharpe"]:
+                best = (thr, m)
+        thr, val = best
+        test = run(signal_policy(s, thr), "test")
+        out[name] = {"val": val, "test": test, "threshold": thr}
+    return out
+
+
+def compare(model_sharpe: float, baseline_sharpe: float) -> str:
+    """'0.52 of ridge's' style ratio, or a difference where the ratio would mislead."""
+    if baseline_sharpe > 0 and math.isfinite(model_sharpe):
+        return f"{model_sharpe / baseline_sharpe:.2f}x"
+    return f"{model_sharpe - baseline_sharpe:+.2f}"
