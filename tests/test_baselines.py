@@ -1,0 +1,100 @@
+"""Baseline policies against independent references: numpy least squares, a logistic fit by
+plain gradient descent, and the returns of simple positions computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from foxhunt.train.baselines import (
+    RIDGE_L2,
+    evaluate_baselines,
+    fit_logistic,
+    fit_ridge,
+    signal_policy,
+)
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.evaluate import Evaluator
+from foxhunt.train.metrics import trading_metrics
+
+CPU = torch.device("cpu")
+
+
+def test_ridge_equals_numpy_regularised_least_squares():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(500, 6))
+    y = x @ rng.normal(size=6) * 1e-4 + 3e-5 + rng.normal(size=500) * 1e-4
+    w = fit_ridge(torch.tensor(x), torch.tensor(y)).numpy()
+    # min |Xb w - y|^2 + lambda |w[:-1]|^2: augment the rows with sqrt(lambda) I (bias free)
+    lam = RIDGE_L2 * len(x)
+    xb = np.c_[x, np.ones(len(x))]
+    aug = np.r_[xb, np.c_[np.sqrt(lam) * np.eye(6), np.zeros(6)]]
+    ref = np.linalg.lstsq(aug, np.r_[y, np.zeros(6)], rcond=None)[0]
+    np.testing.assert_allclose(w, ref, rtol=1e-8, atol=1e-14)
+
+
+def test_logistic_reaches_the_gradient_descent_optimum():
+    rng = np.random.default_rng(1)
+    x = rng.normal(size=(2000, 4))
+    y = x @ np.array([1.0, -0.5, 0.0, 0.3]) + rng.normal(size=2000)
+    w = fit_logistic(torch.tensor(x), torch.tensor(y)).numpy()
+    # the same objective minimised by plain full-batch gradient descent
+    lab = (y > 0).astype(float)
+    xb = np.c_[x, np.ones(len(x))]
+    v = np.zeros(5)
+    for _ in range(5000):
+        p = 1 / (1 + np.exp(-xb @ v))
+        g = xb.T @ (p - lab) / len(x)
+        g[:4] += 2e-4 * v[:4]
+        v -= 1.0 * g
+    np.testing.assert_allclose(w, v, atol=1e-4)
+
+
+def market(n=400, seed=0):
+    rng = np.random.default_rng(seed)
+    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
+    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
+    feats = rng.normal(size=(n, 42)).astype(np.float32)
+    ofi = rng.normal(size=(n, 8)).astype(np.float32)
+    return MarketData(feats, ofi, targets, CPU)
+
+
+def test_signal_policy_holds_the_sign_and_keeps_its_position_below_the_threshold():
+    data = market()
+    env = EnvConfig(fee_bps=0.0, half_spread_bps=0.0)
+    ev = Evaluator(env, data, 1)
+    score = torch.tensor(np.random.default_rng(2).normal(size=data.n), dtype=torch.float32)
+    r, _ = ev.run(signal_policy(score), 10, 200)
+    pos = torch.sign(score[10:199])
+    torch.testing.assert_close(ev.last_positions, pos)
+    torch.testing.assert_close(r, pos * data.ret1[10:199])
+    # threshold 1: trade only on |score| > 1, otherwise hold (starting flat)
+    ev.run(signal_policy(score, 1.0), 10, 200)
+    held, ref = 0.0, []
+    for s in score[10:199].tolist():
+        if abs(s) > 1.0:
+            held = math.copysign(1.0, s)
+        ref.append(held)
+    torch.testing.assert_close(ev.last_positions, torch.tensor(ref))
+
+
+def test_baselines_on_a_fold_flat_zero_buy_and_hold_the_market():
+    data = market(900)
+    ev = Evaluator(EnvConfig(fee_bps=0.1, half_spread_bps=0.25), data, 1)
+    ranges = {"train": (0, 500), "val": (520, 700), "test": (720, 900)}
+    out = evaluate_baselines(ev, data, ranges, 98_000.0, seed=0)
+    assert out["flat"]["test"]["sharpe"] == 0.0 and out["flat"]["test"]["flat"] == 1.0
+    # buy and hold: long from the first bar, paying the market cost once
+    r = data.ret1[720:899].double().clone()
+    r[0] -= 0.35e-4
+    trades = torch.zeros_like(r)
+    trades[0] = 1.0
+    ref = trading_metrics(r, trades, 98_000.0)
+    assert out["buy_and_hold"]["test"]["sharpe"] == pytest.approx(ref["sharpe"], rel=1e-4)
+    for name in ("ridge", "ridge_cost", "logistic", "logistic_cost", "random"):
+        assert math.isfinite(out[name]["test"]["sharpe"]), name
+    assert out["ridge_cost"]["threshold"] >= 0.0
