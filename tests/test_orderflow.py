@@ -263,3 +263,16 @@ def test_kyle_lambda_matches_a_rolling_polyfit():
         xs, ys = x[t - w + 1 : t + 1], ret[t - w + 1 : t + 1]
         want = 0.0 if np.ptp(xs) == 0 else np.polyfit(xs, ys, 1)[0] * np.std(xs)
         assert got[t] == pytest.approx(want, rel=1e-7, abs=1e-9)
+
+
+def test_docs_name_the_order_flow_columns_in_order():
+    """docs/features.md's ofi table lists OFI_NAMES, index by index."""
+    import re
+    from pathlib import Path
+
+    from foxhunt.precompute.orderflow import OFI_NAMES
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "features.md").read_text()
+    section = doc.split("## ofi[8]", 1)[1]
+    rows = re.findall(r"^\| (\d+) \| `([a-z0-9_]+)` \|", section, flags=re.M)
+    assert [(int(i), n) for i, n in rows] == list(enumerate(OFI_NAMES))

@@ -12,7 +12,17 @@ a fold's train, val and test periods follow each other, and the next fold moves 
 
 Each range is half-open (`train_start` .. `train_end` are bar indices, end excluded). The
 `purge` bars at the end of train are dropped so that no reward horizon of a training sample
-reaches into val; the `embargo` bars at the end of val are dropped likewise before test. A fold
+reaches into val; the `embargo` bars at the end of val are dropped likewise before test.
+
+Why the embargo need not cover the longest feature lookback (179 bars, and VPIN's day of
+volume): in walk-forward order every range lies after the ones it is fitted or selected on, so a
+feature window that reaches back from test into val (or from val into train) reads the past, as
+it would in live trading, and leaks nothing. What can leak is a label: a reward of the last val
+bars that reads test bars, which an embargo of at least the reward horizon (n_step) rules out,
+as the purge does for train. Lopez de Prado's embargo against feature overlap is for
+cross-validation, where a test range can precede train data; walk-forward never does that. The
+default `lookback` of 60 bars widens the gap beyond the horizon only to keep the val and test
+estimates apart under volatility clustering. A fold
 whose ranges hold too few bars (holidays, missing weeks or months, a partial last month) is
 dropped with its reason logged; a series too short for even one fold is an error.
 """
@@ -49,7 +59,8 @@ class FoldSpec:
     n_step: int = 3
     """Reward horizon of the agent in bars (n-step returns): sets the default purge."""
     lookback: int = 60
-    """Longest feature lookback that matters for serial dependence: sets the default embargo."""
+    """Bars of serial dependence (volatility clustering) kept between val and test: sets the
+    default embargo. Not the features' lookback, which forward order makes safe (see above)."""
     purge: int | None = None
     """Bars dropped from the end of train before val (default: n_step)."""
     embargo: int | None = None

@@ -51,7 +51,7 @@ from foxhunt.precompute.source import (
 log = logging.getLogger(__name__)
 
 # Bump when the meaning of any cached value changes (features, OFI, bars, roll rule).
-FEATURE_VERSION = f"{F.CATALOGUE_VERSION}.1"
+FEATURE_VERSION = f"{F.CATALOGUE_VERSION}.2"  # .2: order-flow columns renamed
 _UNITS = {"s": 1_000_000_000, "m": 60_000_000_000, "h": 3_600_000_000_000}
 
 

@@ -7,9 +7,12 @@ Two steps, both vectorised (numpy; no per-event Python loop):
    summed over the bar, depth sums, and the 10-level book at the bar's close. A bar closing at `t`
    holds the events with `t - bar_ns < ts_event <= t`.
 2. `ofi_features(bars, close, bucket_volume, params)` turns the day-concatenated aggregates into
-   the eight features: ofi_l1 (Cont, Kukanov, Stoikov 2014), mlofi_5 (Xu, Gould, Howison 2019),
-   depth_imbalance, vpin (Easley, Lopez de Prado, O'Hara 2012), kyle_lambda, bid_slope,
-   ask_slope, trade_imbalance. Their definitions are in docs/features.md.
+   the eight features: ofi_l1 (Cont, Kukanov, Stoikov 2014), ofi_sum_l1_5 (the per-level OFIs
+   of Xu, Gould, Howison 2019, summed with equal weights), depth_imbalance, vpin (Easley, Lopez
+   de Prado, O'Hara 2012), kyle_impact_1sd (Kyle's lambda times the flow's standard deviation),
+   bid_depth_slope, ask_depth_slope (a variant of Naes and Skjeltorp's book slope),
+   trade_imbalance. Their definitions, and how each differs from what it follows, are in
+   docs/features.md.
 
 The event OFI of Cont, Kukanov and Stoikov at a level, between events n-1 and n, is
 
@@ -17,7 +20,8 @@ The event OFI of Cont, Kukanov and Stoikov at a level, between events n-1 and n,
         - 1{Pa_n <= Pa_n-1} qa_n + 1{Pa_n >= Pa_n-1} qa_n-1
 
 with an empty level read as price -inf (bid) or +inf (ask) and size 0. Xu, Gould and Howison
-apply the same formula to each of the first levels; `mlofi_5` weights the five levels equally.
+apply the same formula to each of the first levels; `ofi_sum_l1_5` weights the five levels
+equally (their integrated OFI weights them by the first principal component instead).
 The first event of a trading day has no predecessor in that day and contributes 0: the overnight
 change of the book is not order flow.
 """
@@ -36,12 +40,12 @@ OFI_LEVELS = 5
 PRICE_SCALE = 1e-9  # quote currency per fixed-point price unit
 OFI_NAMES = (
     "ofi_l1",
-    "mlofi_5",
+    "ofi_sum_l1_5",
     "depth_imbalance",
     "vpin",
-    "kyle_lambda",
-    "bid_slope",
-    "ask_slope",
+    "kyle_impact_1sd",
+    "bid_depth_slope",
+    "ask_depth_slope",
     "trade_imbalance",
 )
 
