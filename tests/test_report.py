@@ -160,3 +160,33 @@ def test_report_html_is_a_page_and_says_what_costs_were_charged(tmp_path):
     assert costs == {"0": "costs off", "1": "net of 0.1 bp fee + 0.25 bp half spread"}
     md = (tmp_path / "report" / "report.md").read_text()
     assert "| costs off |" in md and "net of 0.1 bp fee" in md
+
+
+def test_the_model_beside_the_baselines_over_seeds(tmp_path):
+    """The model's test Sharpe as the mean over seeds of each seed's fold mean, with the
+    standard error over seeds; each baseline as its mean over the folds; ratios to ridge."""
+    runs = tmp_path / "runs" / "20261201-000000-cccccc"
+    sharpes = {0: (3.0, 5.0), 1: (1.0, 2.0), 2: (6.0, 4.0)}  # per seed, per fold
+    for seed, (a, b) in sharpes.items():
+        path = write_results(runs, seed)
+        doc = json.loads(path.read_text())
+        for f, s in zip(doc["folds"], (a, b), strict=True):
+            f["test"] = f["test"] | {"sharpe": s}
+            f["baselines"] = {
+                "ridge": {"val": f["test"], "test": f["test"] | {"sharpe": 8.0 + f["fold"]}},
+                "flat": {"val": f["test"], "test": f["test"] | {"sharpe": 0.0}},
+            }
+        path.write_text(json.dumps(doc))
+    rep = run_report(ReportConfig(runs=tmp_path / "runs", out=tmp_path / "report"))
+    (g,) = rep["comparison"]
+    per_seed = [4.0, 1.5, 5.0]
+    model, ridge, flat = g["rows"]
+    assert model["policy"] == "dqn" and model["seeds"] == 3
+    assert model["test_sharpe"] == pytest.approx(np.mean(per_seed))
+    assert model["se"] == pytest.approx(np.std(per_seed, ddof=1) / np.sqrt(3))
+    assert ridge["test_sharpe"] == pytest.approx(8.5) and flat["test_sharpe"] == 0.0
+    assert model["vs_ridge"] == pytest.approx(np.mean(per_seed) / 8.5)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "ES dqn beside the baselines (costs off)" in md
+    assert f"| dqn | {np.mean(per_seed):.2f} ± " in md and "| ridge | 8.50 | 1.00x |" in md
+    assert "beside the baselines" in (tmp_path / "report" / "report.html").read_text()

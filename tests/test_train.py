@@ -29,7 +29,7 @@ def tiny_cfg(demo, out: Path, **kw) -> TrainConfig:
     cache, folds = demo
     base = dict(
         folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=8, dqn=TINY,
-        env=EnvConfig(episode_bars=256), run_id="run-1",
+        env=EnvConfig(episode_bars=256), run_id="run-1", baselines=False,
     )  # fmt: skip
     return TrainConfig(**(base | kw))
 
@@ -177,6 +177,24 @@ def test_it_learns_the_planted_signal(demo_es, tmp_path):
     assert a["val_sharpe"] > 4.0, a
     assert a["val_sharpe"] > a["random_val_sharpe"] + 10.0, a
     assert a["test_sharpe"] > 3.0, a
+
+
+def test_each_fold_reports_the_baselines_beside_the_agent(demo_es, tmp_path):
+    """Flat earns exactly 0, buy and hold what the market did; every baseline has val and test
+    metrics from the same evaluator, and the aggregate says how the agent compares."""
+    from foxhunt.train.baselines import NAMES
+
+    res = run_train(tiny_cfg(demo_es, tmp_path, epochs=1, baselines=True), NullLogger())
+    for f in res.folds:
+        assert set(f["baselines"]) == set(NAMES)
+        assert f["baselines"]["flat"]["test"]["sharpe"] == 0.0
+        assert f["baselines"]["buy_and_hold"]["test"]["long"] == 1.0
+        assert f["baselines"]["ridge"]["test"]["bars"] == f["test"]["bars"]
+    agg = res.aggregate["baselines_test_sharpe"]
+    assert agg["ridge"] == pytest.approx(
+        sum(f["baselines"]["ridge"]["test"]["sharpe"] for f in res.folds) / len(res.folds)
+    )
+    assert "baselines, test Sharpe: flat 0.00" in res.summary()
 
 
 def test_mlflow_layout(demo_es, tmp_path):

@@ -28,6 +28,7 @@ def _cfg(cache, folds, out, **kw) -> TrainConfig:
     base = dict(
         folds=folds, cache=cache, epochs=1, fold_ids=(0,), out=out, tracking="none",
         eval_segments=4, dqn=TINY, env=EnvConfig(episode_bars=64), run_id="run-1",
+        baselines=False,
     )  # fmt: skip
     return TrainConfig(**(base | kw))
 

@@ -213,6 +213,7 @@ def run_report(cfg: ReportConfig) -> dict:
     report = {
         "rows": rows,
         "aggregate": agg,
+        "comparison": comparison([_load_results(p) for p in paths]),
         "deflated_sharpe": dsr,
         "results": [str(p) for p in paths],
     }
@@ -223,6 +224,56 @@ def run_report(cfg: ReportConfig) -> dict:
     if cfg.tracking == "mlflow":
         _log_mlflow(cfg, report)
     return report
+
+
+def comparison(docs: list[dict]) -> list[dict]:
+    """Each model's test Sharpe beside the baselines', per symbol and cost setting: the model's
+    as the mean over seeds of each seed's mean over folds, with its standard error over seeds;
+    a baseline's as its mean over the same folds (it does not depend on the seed, bar random's
+    draws). `vs_ridge` is the ratio to the ridge baseline's where that is positive."""
+    groups: dict[tuple, list[dict]] = {}
+    for d in docs:
+        groups.setdefault((d["symbol"], d["model"], costs_label(d)), []).append(d)
+    out = []
+    for (symbol, model, costs), ds in groups.items():
+        per_seed = [float(np.mean([f["test"]["sharpe"] for f in d["folds"]])) for d in ds]
+        se = float(np.std(per_seed, ddof=1) / np.sqrt(len(per_seed))) if len(ds) > 1 else None
+        rows = [{"policy": model, "test_sharpe": float(np.mean(per_seed)), "se": se,
+                 "seeds": len(ds)}]  # fmt: skip
+        folds = [f for d in ds for f in d["folds"] if f.get("baselines")]
+        if folds and len(folds) == sum(len(d["folds"]) for d in ds):
+            for name in folds[0]["baselines"]:
+                v = float(np.mean([f["baselines"][name]["test"]["sharpe"] for f in folds]))
+                rows.append({"policy": name, "test_sharpe": v, "se": None, "seeds": None})
+        ridge = next((r["test_sharpe"] for r in rows if r["policy"] == "ridge"), None)
+        for r in rows:
+            r["vs_ridge"] = r["test_sharpe"] / ridge if ridge and ridge > 0 else None
+        out.append({"symbol": symbol, "model": model, "costs": costs, "rows": rows})
+    return out
+
+
+def _comparison_md(rep: dict) -> list[str]:
+    """The comparison as Markdown: one table per symbol, model and cost setting."""
+    lines = []
+    for g in rep.get("comparison", []):
+        if len(g["rows"]) < 2:
+            continue  # no baselines were evaluated
+        n = g["rows"][0]["seeds"]
+        lines += [
+            "",
+            f"### {g['symbol']} {g['model']} beside the baselines ({g['costs']})",
+            "",
+            f"Test Sharpe, mean over the folds; {g['model']}'s over {n} seed(s) "
+            "(± standard error over seeds).",
+            "",
+            "| policy | test Sharpe | of ridge's |",
+            "| --- | --- | --- |",
+        ]
+        for r in g["rows"]:
+            se = f" ± {r['se']:.2f}" if r["se"] is not None else ""
+            vs = f"{r['vs_ridge']:.2f}x" if r["vs_ridge"] is not None else "n/a"
+            lines.append(f"| {r['policy']} | {r['test_sharpe']:.2f}{se} | {vs} |")
+    return lines
 
 
 def _finite(v) -> bool:
@@ -295,6 +346,7 @@ def _markdown(rep: dict) -> str:
     lines += ["| " + " | ".join(cell(r) for _, cell in COLUMNS) + " |" for r in rep["rows"]]
     for sentence in _summary(rep):
         lines += ["", sentence]
+    lines += _comparison_md(rep)
     return "\n".join([*lines, ""])
 
 
@@ -330,8 +382,27 @@ def _html(rep: dict, out: Path) -> str:
         f'<div class="wide"><table><thead><tr>{head}</tr></thead>',
         f"<tbody>{rows}</tbody></table></div>",
         *(f"<p>{md(s)}</p>" for s in _summary(rep)),
-        "<h2>Equity curves (test ranges)</h2>",
     ]
+    for g in rep.get("comparison", []):
+        if len(g["rows"]) < 2:
+            continue
+        title = f"{g['symbol']} {g['model']} beside the baselines ({g['costs']})"
+        cells = "".join(
+            "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
+                r["policy"],
+                f"{r['test_sharpe']:.2f}" + (f" ± {r['se']:.2f}" if r["se"] is not None else ""),
+                f"{r['vs_ridge']:.2f}x" if r["vs_ridge"] is not None else "n/a",
+            )) + "</tr>"
+            for r in g["rows"]
+        )  # fmt: skip
+        body += [
+            f"<h2>{html.escape(title)}</h2>",
+            f"<p>Test Sharpe, mean over the folds; {html.escape(g['model'])}'s over "
+            f"{g['rows'][0]['seeds']} seed(s), ± standard error over seeds.</p>",
+            "<table><thead><tr><th>policy</th><th>test Sharpe</th><th>of ridge's</th></tr>"
+            f"</thead><tbody>{cells}</tbody></table>",
+        ]
+    body.append("<h2>Equity curves (test ranges)</h2>")
     for r in rep["rows"]:
         data = base64.b64encode((out / r["plot"]).read_bytes()).decode()
         caption = html.escape(f"{r['symbol']} {r['model']} seed {r['seed']} fold {r['fold']}, "

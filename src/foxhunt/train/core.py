@@ -47,6 +47,7 @@ from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
+from foxhunt.train.baselines import evaluate_baselines
 from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
@@ -91,6 +92,10 @@ class TrainConfig:
     eval_segments: int | None = None
     """Pieces the val/test range is evaluated in, in parallel (default: 1024 on a GPU, 16 on a
     CPU; 1 is one sequential walk)."""
+    baselines: bool = True
+    """Evaluate the baseline policies (flat, buy and hold, random, ridge and logistic on the
+    observable columns, cost-aware variants; foxhunt.train.baselines) on each fold's val and
+    test ranges beside the agent, with the same env, costs and metrics."""
     tracking: Literal["mlflow", "none"] = "mlflow"
     """Log to MLflow (MLFLOW_TRACKING_URI, else sqlite in the working directory) or not at all."""
     experiment: str = "foxhunt"
@@ -114,7 +119,8 @@ class TrainConfig:
         """What the results depend on: the settings and the folds (their content, which names
         the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
-        for k in ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags"):
+        skip = ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags")
+        for k in (*skip, "baselines"):
             d.pop(k)
         d["folds_content"] = {
             k: folds_doc[k] for k in ("fxcache_key", "folds", "spec") if k in folds_doc
@@ -149,6 +155,14 @@ class TrainResult:
             f"mean over {len(self.folds)} fold(s): val Sharpe {a['val_sharpe']:.2f}, test Sharpe "
             f"{a['test_sharpe']:.2f} (device {self.device}; upload {self.upload_ms:.1f} ms)"
         )
+        if "baselines_test_sharpe" in a:
+            b = a["baselines_test_sharpe"]
+            ridge = b.get("ridge", 0.0)
+            vs = f" ({a['test_sharpe'] / ridge:.2f}x ridge's)" if ridge > 0 else ""
+            lines.append(
+                f"baselines, test Sharpe: {', '.join(f'{k} {v:.2f}' for k, v in b.items())}; "
+                f"the agent {a['test_sharpe']:.2f}{vs}"
+            )
         if self.resumed:
             lines.append(f"continued run {self.run_id} from {self.run_dir / 'resume.pt'}")
         lines.append(f"run {self.run_id}: checkpoints and results in {self.run_dir}")
@@ -620,6 +634,11 @@ def _train_folds(
         logger.log_metrics(
             {"eval/random_val_sharpe": rnd["sharpe"], "eval/best_epoch": best["epoch"]}
         )
+        base = evaluate_baselines(evaluator, data, ranges, ppy, cfg.seed) if cfg.baselines else {}
+        logger.log_metrics(
+            {f"baselines/{name}_{part}_sharpe": b[part]["sharpe"]
+             for name, b in base.items() for part in ("val", "test")}
+        )  # fmt: skip
         ckpt = run_dir / f"fold-{k}" / "best.safetensors"
         logger.log_artifact(ckpt, "checkpoint")
         logger.log_artifact(ckpt.with_suffix(".json"), "checkpoint")
@@ -633,6 +652,7 @@ def _train_folds(
                 "val": best["val"],
                 "test": test,
                 "random_val": rnd,
+                "baselines": base,
                 "fold_reset_ms": reset_s * 1e3,
                 "ranges": ranges,
                 "test_returns": f"fold-{k}/test_returns.npz",
@@ -662,6 +682,11 @@ def _train_folds(
         "test_turnover": mean("turnover", "test"),
         "random_val_sharpe": mean("sharpe", "random_val"),
     }
+    if all(r.get("baselines") for r in results):
+        aggregate["baselines_test_sharpe"] = {
+            name: sum(r["baselines"][name]["test"]["sharpe"] for r in results) / len(results)
+            for name in results[0]["baselines"]
+        }
     if trained:
         # The task's best fold by val Sharpe goes to the Model Registry, with its metrics.
         top = max(results, key=lambda r: r["val"]["sharpe"])
@@ -673,7 +698,11 @@ def _train_folds(
                  "val_sharpe": top["val"]["sharpe"], "test_sharpe": top["test"]["sharpe"],
                  "fxcache_key": cache.key},
             )  # fmt: skip
-    logger.end_task({f"eval/mean_{k}": v for k, v in aggregate.items()})
+    logger.end_task(
+        {f"eval/mean_{k}": v for k, v in aggregate.items() if k != "baselines_test_sharpe"}
+        | {f"baselines/mean_{k}_test_sharpe": v
+           for k, v in aggregate.get("baselines_test_sharpe", {}).items()}
+    )  # fmt: skip
     out = {
         "foxhunt_version": __version__,
         "config": dataclasses.asdict(cfg),
