@@ -14,9 +14,12 @@ def report(
     metrics: dsl.Output[dsl.Metrics],
     kfp_run_id: str = "",
     parent_run_id: str = "",
+    extra_trials: int = 0,
 ):
-    """Test metrics of every train task (fold x seed), the deflated Sharpe ratio and equity
-    curves: Markdown and HTML for the Kubeflow UI, logged on the pipeline's MLflow parent run."""
+    """Test metrics of every train task (fold x seed), the baselines beside them, the deflated
+    Sharpe ratio (N: every task MLflow holds for this cache, plus `extra_trials` made elsewhere)
+    and equity curves: Markdown and HTML for the Kubeflow UI, logged on the pipeline's MLflow
+    parent run."""
     import json
     import math
     import shutil
@@ -34,8 +37,9 @@ def report(
     out = Path(work_dir) / "report" / (kfp_run_id or "latest")
     tags = {"kfp_run_id": kfp_run_id} if kfp_run_id else {}
     cfg = ReportConfig(
-        results=tuple(paths), out=out, tracking="mlflow", tags=tags, run_id=parent_run_id or None
-    )
+        results=tuple(paths), out=out, tracking="mlflow", tags=tags,
+        run_id=parent_run_id or None, extra_trials=extra_trials,
+    )  # fmt: skip
     rep = run_report(cfg)
     shutil.copy(out / "report.md", markdown.path)
     shutil.copy(out / "report.html", html.path)

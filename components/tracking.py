@@ -30,6 +30,7 @@ def start_tracking(
     fee_bps: float,
     half_spread_bps: float,
     overrides: str,
+    extra_trials: int,
     raw_dir: str,
     work_dir: str,
     raw_pvc: str,

@@ -53,6 +53,7 @@ def build_train_baseline(
         fee_bps: float = 0.1,
         half_spread_bps: float = 0.25,
         overrides: str = "{}",
+        extra_trials: int = 0,
         raw_dir: str = raw_default,
         work_dir: str = work_default,
         raw_pvc: str = "foxhunt-raw",
@@ -83,8 +84,8 @@ def build_train_baseline(
                 step_months=step_months, window=window, purge=purge, embargo=embargo,
                 model=model, epochs=epochs, seeds=seeds, lr=lr, gamma=gamma, n_step=n_step,
                 batch_size=batch_size, envs=envs, fee_bps=fee_bps,
-                half_spread_bps=half_spread_bps, overrides=overrides, raw_dir=raw_dir,
-                work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
+                half_spread_bps=half_spread_bps, overrides=overrides, extra_trials=extra_trials,
+                raw_dir=raw_dir, work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
                 gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
@@ -102,6 +103,7 @@ def build_train_baseline(
                 results=dsl.Collected(tr.outputs["results"]),
                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 parent_run_id=trk.output,
+                extra_trials=extra_trials,
             )
             rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
         if not local:

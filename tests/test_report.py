@@ -78,7 +78,9 @@ def test_report_files_and_rows(tmp_path):
     write_results(runs / "20261201-000000-bbbbbb", 1)
     # by default the newest run's tasks (two seeds), not an older run's
     rep = run_report(ReportConfig(runs=runs, out=tmp_path / "report"))
-    assert len(rep["rows"]) == 4 and rep["deflated_sharpe"]["trials"] == 4
+    # a trial is a task (configuration x seed), its folds one test series: 2 here
+    assert len(rep["rows"]) == 4 and rep["deflated_sharpe"]["trials"] == 2
+    assert "this run alone" in rep["deflated_sharpe"]["trials_source"]
     assert all("bbbbbb" in p for p in rep["results"])
     assert rep["aggregate"]["mean_test_sharpe"] == pytest.approx(1.5)
     md = (tmp_path / "report" / "report.md").read_text()
@@ -190,3 +192,37 @@ def test_the_model_beside_the_baselines_over_seeds(tmp_path):
     assert "ES dqn beside the baselines (costs off)" in md
     assert f"| dqn | {np.mean(per_seed):.2f} ± " in md and "| ridge | 8.50 | 1.00x |" in md
     assert "beside the baselines" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_the_deflated_sharpe_counts_every_task_the_experiment_holds(tmp_path, monkeypatch):
+    """N = the task runs MLflow holds for this cache (other configurations and seeds tried
+    before, this run's too) + the trials declared elsewhere; V[SR_n] from their Sharpe ratios."""
+    pytest.importorskip("mlflow")
+    from foxhunt.report.core import expected_max_sharpe
+    from foxhunt.train.tracking import client_and_experiment
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client, exp = client_and_experiment("trials")
+    ppy = 98_000.0
+    tried = [3.0, -1.0, 7.5, 0.5, 2.0]  # annualised mean test Sharpe of five task runs
+    for k, sharpe in enumerate(tried):
+        tags = {"fxcache_key": "key-a", "seed": str(k), "model": "dqn"}
+        rid = client.create_run(exp, tags=tags).info.run_id
+        client.log_metric(rid, "eval/mean_test_sharpe", sharpe)
+    other = client.create_run(exp, tags={"fxcache_key": "key-b", "seed": "0", "model": "dqn"})
+    client.log_metric(other.info.run_id, "eval/mean_test_sharpe", 50.0)  # another cache
+    fold = client.create_run(exp, tags={"fxcache_key": "key-a", "seed": "0", "model": "dqn"})
+    client.log_metric(fold.info.run_id, "eval/test_sharpe", 40.0)  # a fold run: no task mean
+    runs = tmp_path / "runs" / "20261201-000000-dddddd"
+    path = write_results(runs, 0)
+    doc = json.loads(path.read_text()) | {"fxcache_key": "key-a", "periods_per_year": ppy}
+    path.write_text(json.dumps(doc))
+    cfg = ReportConfig(runs=tmp_path / "runs", out=tmp_path / "report", tracking="mlflow",
+                       experiment="trials", extra_trials=3)  # fmt: skip
+    d = run_report(cfg)["deflated_sharpe"]
+    per_bar = np.array(tried) / math.sqrt(ppy)
+    assert d["trials"] == 8
+    assert d["var_sharpe_per_bar"] == pytest.approx(np.var(per_bar, ddof=1))
+    assert d["sr0_per_bar"] == pytest.approx(expected_max_sharpe(np.var(per_bar, ddof=1), 8))
+    assert "5 training task(s)" in d["trials_source"] and "3 made elsewhere" in d["trials_source"]
+    assert "N = 8" in (tmp_path / "report" / "report.md").read_text()

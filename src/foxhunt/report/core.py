@@ -15,7 +15,14 @@ show by luck:
 
 with per-bar (not annualised) Sharpe ratios, T the best trial's number of returns, skew and
 kurt (not excess) its returns' moments, V[SR_n] the variance of the trials' Sharpe ratios.
-Here a trial is one (fold, seed) test range.
+
+A trial is one training task: a configuration and a seed, whose test series is its folds' test
+ranges one after the other (walk-forward test months follow each other). N counts every task
+tried on this symbol and fxcache (the same bars and date range): with tracking on, the task runs
+the MLflow experiment holds for that cache (this run's among them), whose Sharpe ratios give
+V[SR_n]; without, this run's tasks alone. `--extra-trials` adds trials made elsewhere
+(notebooks, other tools) to N. The report says what N was and where it came from. The folds of
+one task are not separate trials: they are periods of one backtest.
 """
 
 from __future__ import annotations
@@ -58,6 +65,13 @@ class ReportConfig:
     """Extra MLflow tags (the pipeline passes the KFP run id)."""
     run_id: str | None = None
     """Log into this MLflow run (the pipeline run's parent) and end it; default: a new run."""
+    extra_trials: int = 0
+    """Trials made elsewhere on this symbol and date range (notebooks, other tools, other MLflow
+    experiments): added to N, the number of trials the deflated Sharpe ratio corrects for."""
+
+    def __post_init__(self) -> None:
+        if self.extra_trials < 0:
+            raise ValueError(f"extra_trials = {self.extra_trials}: must not be negative")
 
 
 def moments(r: np.ndarray) -> tuple[float, float, float]:
@@ -88,26 +102,59 @@ def probabilistic_sharpe(sr: float, sr0: float, t: int, skew: float, kurt: float
     return _N.cdf((sr - sr0) * math.sqrt(t - 1) / math.sqrt(den))
 
 
-def deflated_sharpe(trials: list[np.ndarray]) -> dict:
-    """DSR of the best of `trials` (per-bar return series), deflated for their number and the
-    dispersion of their Sharpe ratios."""
+def deflated_sharpe(
+    trials: list[np.ndarray],
+    population: list[float] | None = None,
+    extra: int = 0,
+    source: str = "",
+) -> dict:
+    """DSR of the best of `trials` (per-bar return series). N and V[SR_n] come from
+    `population` (per-bar Sharpe ratios of every trial made, these among them) when given, else
+    from `trials`; `extra` trials made elsewhere are added to N."""
     if not trials:
         raise ReportError("deflated Sharpe ratio: no trials")
     srs = [moments(r)[0] for r in trials]
     best = int(np.argmax(srs))
     sr, skew, kurt = moments(trials[best])
-    var = float(np.var(srs, ddof=1)) if len(srs) > 1 else 0.0
-    sr0 = expected_max_sharpe(var, len(trials))
+    pop = list(population) if population else srs
+    var = float(np.var(pop, ddof=1)) if len(pop) > 1 else 0.0
+    n = len(pop) + extra
+    sr0 = expected_max_sharpe(var, n)
     return {
         "dsr": probabilistic_sharpe(sr, sr0, len(trials[best]), skew, kurt),
         "best_trial": best,
         "best_sharpe_per_bar": sr,
         "sr0_per_bar": sr0,
-        "trials": len(trials),
+        "trials": n,
+        "trials_source": source or f"the {len(pop)} trial(s) given",
         "var_sharpe_per_bar": var,
         "skew": skew,
         "kurtosis": kurt,
     }
+
+
+def mlflow_trials(cfg: ReportConfig, docs: list[dict]) -> tuple[list[float], str] | None:
+    """Per-bar Sharpe ratios of every training task the MLflow experiment holds for the caches
+    of `docs` (each task's mean test Sharpe over its folds, de-annualised), or None when the
+    store has none of them (nothing logged yet)."""
+    from foxhunt.train.tracking import client_and_experiment
+
+    client, exp_id = client_and_experiment(cfg.experiment)
+    keys = sorted({d["fxcache_key"] for d in docs if d.get("fxcache_key")})
+    ppy = {d["fxcache_key"]: d.get("periods_per_year") for d in docs}
+    srs = []
+    for key in keys:
+        if not ppy.get(key):
+            return None
+        runs = client.search_runs([exp_id], f"tags.fxcache_key = '{key}'", max_results=50_000)
+        for r in runs:
+            t, m = r.data.tags, r.data.metrics
+            if "seed" in t and "model" in t and "eval/mean_test_sharpe" in m:
+                srs.append(m["eval/mean_test_sharpe"] / math.sqrt(ppy[key]))
+    if not srs:
+        return None
+    what = f"{len(srs)} training task(s) (configuration x seed) on fxcache {', '.join(keys)}"
+    return srs, f"{what} in MLflow experiment '{cfg.experiment}'"
 
 
 def _plot(
@@ -179,15 +226,17 @@ METRIC_COLS = ("sharpe", "sortino", "profit_factor", "max_drawdown", "turnover",
 def run_report(cfg: ReportConfig) -> dict:
     paths = find_results(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
-    rows, trials, plots = [], [], []
+    rows, trials, plots, docs = [], [], [], []
     for p in paths:
         doc = _load_results(p)
+        docs.append(doc)
+        series = []  # the task's test series: its folds' test ranges one after the other
         for f in doc["folds"]:
             rpath = p.parent / f["test_returns"]
             if not rpath.is_file():
                 raise ReportError(f"{p}: fold {f['fold']}'s test returns {rpath} are missing")
             z = np.load(rpath)
-            trials.append(z["strategy"])
+            series.append(z["strategy"])
             bh = float(np.prod(1.0 + z["buy_and_hold"]) - 1.0)
             name = f"equity-{doc['symbol']}-{doc['model']}-seed{doc['seed']}-fold{f['fold']}.png"
             title = f"{doc['symbol']} {doc['model']} seed {doc['seed']} fold {f['fold']}: test"
@@ -208,12 +257,23 @@ def run_report(cfg: ReportConfig) -> dict:
                     "plot": name,
                 }
             )
+        trials.append(np.concatenate(series))
     agg = {f"mean_test_{m}": _mean([r[m] for r in rows]) for m in METRIC_COLS}
-    dsr = deflated_sharpe(trials)
+    found = mlflow_trials(cfg, docs) if cfg.tracking == "mlflow" else None
+    if found is not None:
+        population, source = found
+    else:
+        population, source = (
+            None,
+            (f"the {len(trials)} task(s) (seed) of this run alone; no MLflow experiment read"),
+        )
+    if cfg.extra_trials:
+        source += f", plus {cfg.extra_trials} made elsewhere (--extra-trials)"
+    dsr = deflated_sharpe(trials, population, cfg.extra_trials, source)
     report = {
         "rows": rows,
         "aggregate": agg,
-        "comparison": comparison([_load_results(p) for p in paths]),
+        "comparison": comparison(docs),
         "deflated_sharpe": dsr,
         "results": [str(p) for p in paths],
     }
@@ -287,10 +347,10 @@ def _mean(values: list) -> float | None:
     return float(np.mean(ok)) if ok else None
 
 
-def _fmt(v: float | None, pct: bool = False) -> str:
+def _fmt(v: float | None, pct: bool = False, digits: int = 2) -> str:
     if not _finite(v):
         return "n/a"  # undefined: e.g. the profit factor of a range without a losing bar
-    return f"{v:.2%}" if pct else f"{v:.2f}"
+    return f"{v:.{digits}%}" if pct else f"{v:.{digits}f}"
 
 
 def costs_label(doc: dict) -> str:
@@ -329,10 +389,10 @@ def _summary(rep: dict) -> list[str]:
         f"Mean over {len(rep['rows'])} test range(s): Sharpe {_fmt(a['mean_test_sharpe'])}, "
         f"Sortino {_fmt(a['mean_test_sortino'])}, max drawdown "
         f"{_fmt(a['mean_test_max_drawdown'], True)}, turnover {a['mean_test_turnover']:.3f}.",
-        f"Deflated Sharpe ratio (Bailey and Lopez de Prado 2014) of the best of {d['trials']} "
-        f"trials (fold x seed): **{d['dsr']:.3f}** (per-bar Sharpe {d['best_sharpe_per_bar']:.4f} "
-        f"against SR0 {d['sr0_per_bar']:.4f} expected from luck; skew {d['skew']:.2f}, "
-        f"kurtosis {d['kurtosis']:.2f}).",
+        f"Deflated Sharpe ratio (Bailey and Lopez de Prado 2014) of this run's best task: "
+        f"**{_fmt(d['dsr'], digits=3)}** (per-bar Sharpe {d['best_sharpe_per_bar']:.4f} against "
+        f"SR0 {d['sr0_per_bar']:.4f}, the best of N = {d['trials']} unskilled trials by luck; "
+        f"skew {d['skew']:.2f}, kurtosis {d['kurtosis']:.2f}). N counts {d['trials_source']}.",
     ]
 
 
