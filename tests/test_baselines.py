@@ -16,12 +16,10 @@ from foxhunt.train.baselines import (
     fit_ridge,
     signal_policy,
 )
-from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
 from foxhunt.train.metrics import trading_metrics
-
-CPU = torch.device("cpu")
+from marketdata import random_market
 
 
 def test_ridge_equals_numpy_regularised_least_squares():
@@ -54,17 +52,8 @@ def test_logistic_reaches_the_gradient_descent_optimum():
     np.testing.assert_allclose(w, v, atol=1e-4)
 
 
-def market(n=400, seed=0):
-    rng = np.random.default_rng(seed)
-    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
-    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
-    feats = rng.normal(size=(n, 42)).astype(np.float32)
-    ofi = rng.normal(size=(n, 8)).astype(np.float32)
-    return MarketData(feats, ofi, targets, CPU)
-
-
 def test_signal_policy_holds_the_sign_and_keeps_its_position_below_the_threshold():
-    data = market()
+    data = random_market(400)
     env = EnvConfig(fee_bps=0.0, half_spread_bps=0.0)
     ev = Evaluator(env, data, 1)
     score = torch.tensor(np.random.default_rng(2).normal(size=data.n), dtype=torch.float32)
@@ -83,7 +72,7 @@ def test_signal_policy_holds_the_sign_and_keeps_its_position_below_the_threshold
 
 
 def test_baselines_on_a_fold_flat_zero_buy_and_hold_the_market():
-    data = market(900)
+    data = random_market(900)
     ev = Evaluator(EnvConfig(fee_bps=0.1, half_spread_bps=0.25), data, 1)
     ranges = {"train": (0, 500), "val": (520, 700), "test": (720, 900)}
     out = evaluate_baselines(ev, data, ranges, 98_000.0, seed=0)

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from foxhunt.train.data import MarketData
 from foxhunt.train.dqn import (
     N_ACTIONS,
     DQNConfig,
@@ -21,6 +20,7 @@ from foxhunt.train.dqn import (
     quantile_huber,
 )
 from foxhunt.train.env import JOINT, EnvConfig
+from marketdata import random_market
 
 CPU = torch.device("cpu")
 
@@ -33,13 +33,7 @@ def tiny(**kw) -> DQNConfig:
     return DQNConfig(**(base | kw))
 
 
-def random_data(n: int = 600, seed: int = 0) -> MarketData:
-    rng = np.random.default_rng(seed)
-    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
-    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
-    feats = rng.normal(size=(n, 42)).astype(np.float32)
-    ofi = rng.normal(size=(n, 8)).astype(np.float32)
-    return MarketData(feats, ofi, targets, CPU)
+random_data = random_market
 
 
 # ------------------------------------------------------------------------------ replay

@@ -3,27 +3,18 @@ the captured CUDA-graph path gives the same numbers as the eager path."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
-from foxhunt.train.data import MarketData
 from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
+from marketdata import random_market
 
 pytestmark = pytest.mark.gpu
 
 
-def gpu_data(n: int = 20_000, seed: int = 0) -> MarketData:
-    rng = np.random.default_rng(seed)
-    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
-    targets = np.stack([close, close * 1.0002, close * 0.9998, close], 1)
-    return MarketData(
-        rng.normal(size=(n, 42)).astype(np.float32),
-        rng.normal(size=(n, 8)).astype(np.float32),
-        targets,
-        torch.device("cuda"),
-    )
+def gpu_data(n: int = 20_000, seed: int = 0):
+    return random_market(n, seed, "cuda")
 
 
 def run_epochs(
