@@ -151,7 +151,8 @@ def main() -> None:
             res = run_train(
                 TrainConfig(folds=folds_path, cache=args.data / "fxcache", epochs=epochs,
                             seed=seed, device=args.device, tracking="none", out=args.out,
-                            resume=False, eval_segments=segments, env=env, dqn=dqn),
+                            resume=False, eval_segments=segments, env=env, dqn=dqn,
+                            baselines=False),  # evaluated below, once for all seeds
                 NullLogger(),
             )  # fmt: skip
             rows.setdefault("dqn", []).append(res.folds)

@@ -237,6 +237,26 @@ def test_noisy_linear_equals_the_explicit_factorised_formula():
     torch.testing.assert_close(layer(x, noise=False), x @ layer.weight_mu.T + layer.bias_mu)
 
 
+def test_per_row_noise_is_the_factorised_formula_row_by_row():
+    """noise="rows": row i sees its own factorised sample; rows that share the shared sample
+    give the shared-noise output exactly."""
+    torch.manual_seed(0)
+    layer = NoisyLinear(7, 5, 0.5)
+    layer.reset_noise()
+    layer.reset_row_noise(4)
+    x = torch.randn(4, 7)
+    y = layer(x, noise="rows")
+    for i in range(4):
+        W = layer.weight_mu + layer.weight_sigma * torch.outer(layer.row_out[i], layer.row_in[i])
+        b = layer.bias_mu + layer.bias_sigma * layer.row_out[i]
+        torch.testing.assert_close(y[i], W @ x[i] + b)
+    assert not torch.allclose(y, layer(x))  # not the shared sample
+    layer.row_in.copy_(layer.eps_in.expand(4, -1))
+    layer.row_out.copy_(layer.eps_out.expand(4, -1))
+    torch.testing.assert_close(layer(x, noise="rows"), layer(x))
+    assert "row_in" not in layer.state_dict()  # redrawn before use: not part of a checkpoint
+
+
 def test_dueling_joint_head_has_zero_mean_advantage():
     torch.manual_seed(0)
     net = QNet(tiny(noisy=False))

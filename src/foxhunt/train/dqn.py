@@ -89,6 +89,11 @@ class DQNConfig:
     """Factorised Gaussian noisy layers in the heads (exploration without epsilon)."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
+    noise_per_env: bool = False
+    """Collection draws the noisy layers' noise per env, so that each env explores with its own
+    perturbed network, instead of one sample shared by every env of a step (C51; IQN, whose
+    rows are quantile samples, shares one). Learning uses one sample per step either way. Off
+    by default: on the demo market it lowered the test Sharpe (docs/performance.md)."""
     double_q: bool = True
     """Double Q: the online net chooses the next action, the target net values it."""
     cql_alpha: float = 0.0
@@ -215,6 +220,10 @@ class NoisyLinear(nn.Module):
         self.bias_sigma = nn.Parameter(torch.full((n_out,), sigma0 * bound))
         self.register_buffer("eps_in", torch.zeros(n_in))
         self.register_buffer("eps_out", torch.zeros(n_out))
+        # Per-row noise (one sample per env while collecting): allocated at the first call of
+        # reset_row_noise, kept out of the state dict (it is redrawn before every use).
+        self.row_in: torch.Tensor | None = None
+        self.row_out: torch.Tensor | None = None
 
     @torch.no_grad()
     def reset_noise(self) -> None:
@@ -222,21 +231,37 @@ class NoisyLinear(nn.Module):
             e.normal_()
             e.copy_(e.sign() * e.abs().sqrt())
 
+    @torch.no_grad()
+    def reset_row_noise(self, rows: int) -> None:
+        """Draw an independent noise sample for each of `rows` inputs (forward with
+        noise="rows"): the same buffers every call, so a captured graph can redraw them."""
+        if self.row_in is None or self.row_in.shape[0] != rows:
+            dev = self.eps_in.device
+            self.row_in = torch.zeros(rows, self.eps_in.numel(), device=dev)
+            self.row_out = torch.zeros(rows, self.eps_out.numel(), device=dev)
+        for e in (self.row_in, self.row_out):
+            e.normal_()
+            e.copy_(e.sign() * e.abs().sqrt())
+
     @property
     def out_features(self) -> int:
         return self.weight_mu.shape[0]
 
-    def forward(self, x: torch.Tensor, noise: bool = True, pad: int = 0) -> torch.Tensor:
-        """`pad` extra output rows of zeros inside the matmuls (see BranchingQNet._out)."""
-        w_mu, b_mu, w_sigma, b_sigma, eps_out = (
-            self.weight_mu, self.bias_mu, self.weight_sigma, self.bias_sigma, self.eps_out
+    def forward(self, x: torch.Tensor, noise: bool | str = True, pad: int = 0) -> torch.Tensor:
+        """noise: False (the mean weights), True (the shared sample) or "rows" (row i of x
+        with its own sample, from reset_row_noise). `pad` extra output rows of zeros inside the
+        matmuls (see QNet._out)."""
+        rows = noise == "rows"
+        eps_in, eps_out = (self.row_in, self.row_out) if rows else (self.eps_in, self.eps_out)
+        w_mu, b_mu, w_sigma, b_sigma = (
+            self.weight_mu, self.bias_mu, self.weight_sigma, self.bias_sigma
         )  # fmt: skip
         if pad:
             w_mu, w_sigma = (F.pad(w, (0, 0, 0, pad)) for w in (w_mu, w_sigma))
             b_mu, b_sigma, eps_out = (F.pad(b, (0, pad)) for b in (b_mu, b_sigma, eps_out))
         y = F.linear(x, w_mu, b_mu)
         if noise:
-            y = y + F.linear(x * self.eps_in, w_sigma) * eps_out
+            y = y + F.linear(x * eps_in, w_sigma) * eps_out
             y = y + b_sigma * eps_out
         return y[:, : self.out_features] if pad else y
 
@@ -273,10 +298,14 @@ class QNet(nn.Module):
         for m in self.noisy_layers():
             m.reset_noise()
 
-    def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
+    def reset_row_noise(self, rows: int) -> None:
+        for m in self.noisy_layers():
+            m.reset_row_noise(rows)
+
+    def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
 
-    def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool) -> torch.Tensor:
+    def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         """A head's output layer. With align > 1 its width (51, 1530 for C51) is padded to a
         multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
         kernels, in the backward pass as well."""
@@ -289,7 +318,7 @@ class QNet(nn.Module):
         return y[:, : layer.out_features]
 
     def forward(
-        self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool = True
+        self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool | str = True
     ) -> torch.Tensor:
         for layer in self.trunk:
             x = F.relu(layer(x))
@@ -505,7 +534,7 @@ class RainbowAgent:
             return None
         return torch.rand(n, self.cfg.iqn_quantiles, device=self.device)
 
-    def act_joint(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
+    def act_joint(self, state: torch.Tensor, noise: bool | str) -> torch.Tensor:
         """Greedy joint actions [B] (noise: sample the noisy layers' current noise)."""
         with torch.no_grad(), self._autocast():
             out = self.net(state, self._taus(len(state)), noise=noise)
@@ -547,9 +576,13 @@ class RainbowAgent:
         cfg, env = self.cfg, self.env
         t = env.t.clone()
         pstate = torch.stack([env.pos, env.entry, env.hold], 1)
-        if cfg.noisy:
+        noise: bool | str = True
+        if cfg.noisy and cfg.noise_per_env and cfg.distribution == "c51":
+            self.net.reset_row_noise(cfg.envs)
+            noise = "rows"
+        elif cfg.noisy:
             self.net.reset_noise()
-        a = self.act_joint(self.state(t, env.portfolio()), noise=True)
+        a = self.act_joint(self.state(t, env.portfolio()), noise=noise)
         if cfg.epsilon > 0:
             rnd = (u[:, 1] * len(JOINT)).long().clamp(max=len(JOINT) - 1)
             a = torch.where(u[:, 0] < cfg.epsilon, rnd, a)
