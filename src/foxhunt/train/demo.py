@@ -10,5 +10,5 @@ EVAL_SEGMENTS = 16
 ENV = EnvConfig(episode_bars=512, fee_bps=0.0, half_spread_bps=0.0)
 DQN = DQNConfig(
     hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1,
-    envs=64, collect_steps=64, learn_steps=128, batch_size=256, lr=1e-3,
+    envs=64, collect_steps=64, learn_steps=256, batch_size=256, lr=1e-3,
 )  # fmt: skip
