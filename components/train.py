@@ -88,6 +88,9 @@ def train(
         test_sharpe=best["test"]["sharpe"], mlflow_model_uri=best.get("model_uri") or "",
         run_dir=str(res.run_dir),
     )  # fmt: skip
-    for k, v in res.aggregate.items():
+    flat = {k: v for k, v in res.aggregate.items() if k != "baselines_test_sharpe"}
+    flat |= {f"baseline_{k}_test_sharpe": v
+             for k, v in res.aggregate.get("baselines_test_sharpe", {}).items()}  # fmt: skip
+    for k, v in flat.items():
         if math.isfinite(v):  # KFP's metrics JSON takes numbers only (no inf profit factor)
             metrics.log_metric(k, v)

@@ -31,7 +31,7 @@ TINY = {
                 "learn_steps": 2,
                 "replay_capacity": 256,
             },
-            "train": {"eval_segments": 4},
+            "train": {"eval_segments": 16},
         }
     ),
 }

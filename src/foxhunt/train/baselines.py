@@ -1,7 +1,8 @@
 """Baseline policies beside every trained model: what a learned policy must beat.
 
-Each baseline is a `Policy` (bars, portfolio -> branch actions) evaluated by the same
-`Evaluator`, env, costs and metrics code as the trained agent, on the same val and test ranges:
+Each baseline is a `Policy` (bars, portfolio -> branch actions) evaluated by an `Evaluator` with
+the same env, costs and metrics code as the trained agent, on the same val and test ranges (in
+at least 64 pieces, each starting flat, where the agent's evaluation may use fewer):
 
     flat            never trades (Sharpe 0: the floor)
     buy_and_hold    long at full size with market orders from the first bar
