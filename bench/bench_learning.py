@@ -36,9 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.fxcache import FxCache
 from foxhunt.train import TrainConfig, demo, run_train
+from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.baselines import evaluate_baselines, signal_policy
 from foxhunt.train.data import MarketData
-from foxhunt.train.dqn import DQNConfig
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
 from foxhunt.train.metrics import periods_per_year, trading_metrics

@@ -37,8 +37,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.data import MarketData
-from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
 

@@ -131,8 +131,8 @@ def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, 
 def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
     from safetensors.torch import load_file
 
+    from foxhunt.train.agents.dqn import RainbowAgent
     from foxhunt.train.data import MarketData
-    from foxhunt.train.dqn import RainbowAgent
     from foxhunt.train.evaluate import Evaluator
     from foxhunt.train.metrics import periods_per_year, trading_metrics
 
@@ -260,8 +260,9 @@ def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cmd = [sys.executable, "-m", "foxhunt.cli", "train", "--folds", str(folds), "--cache",
            str(cache), "--epochs", "500", "--out", str(tmp_path / "runs"), "--run-id", "r",
-           "--envs", "8", "--collect-steps", "4", "--learn-steps", "2", "--batch-size", "16",
-           "--hidden", "16", "--replay-capacity", "256", "--eval-segments", "4"]  # fmt: skip
+           "--dqn.envs", "8", "--dqn.collect-steps", "4", "--dqn.learn-steps", "2",
+           "--dqn.batch-size", "16", "--dqn.hidden", "16", "--dqn.replay-capacity", "256",
+           "--eval-segments", "4"]  # fmt: skip
     env = os.environ | {"MLFLOW_TRACKING_URI": uri}
     proc = subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -309,9 +310,9 @@ def test_cli_train_and_its_errors(demo_es, tmp_path, capsys):
     cache, folds = demo_es
     rc = main([
         "train", "--folds", str(folds), "--cache", str(cache), "--epochs", "1", "--fold-ids", "0",
-        "--out", str(tmp_path), "--tracking", "none", "--envs", "8", "--collect-steps", "4",
-        "--learn-steps", "2", "--batch-size", "16", "--hidden", "16", "16",
-        "--replay-capacity", "256",
+        "--out", str(tmp_path), "--tracking", "none", "--dqn.envs", "8",
+        "--dqn.collect-steps", "4", "--dqn.learn-steps", "2", "--dqn.batch-size", "16",
+        "--dqn.hidden", "16", "16", "--dqn.replay-capacity", "256",
     ])  # fmt: skip
     out = capsys.readouterr().out
     assert rc == 0 and "fold  0" in out and "test Sharpe" in out
@@ -337,8 +338,8 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     import pandas as pd
     from safetensors.torch import load_file
 
+    from foxhunt.train.agents.dqn import RainbowAgent
     from foxhunt.train.data import MarketData
-    from foxhunt.train.dqn import RainbowAgent
     from foxhunt.train.env import PORTFOLIO
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

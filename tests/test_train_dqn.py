@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from foxhunt.train.dqn import (
+from foxhunt.train.agents.dqn import (
     N_ACTIONS,
     DQNConfig,
     NoisyLinear,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from foxhunt.train.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from marketdata import random_market
 

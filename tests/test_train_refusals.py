@@ -140,15 +140,18 @@ def test_a_corrupt_resume_file_is_named_with_what_to_do(demo_es, tmp_path):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["--n-step", "0"], "n_step = 0: must be at least 1"),
-        (["--gamma", "2"], "gamma = 2.0: must be in [0, 1]"),
-        (["--v-min", "5", "--v-max", "-5"], "v_max = -5.0: must exceed v_min"),
-        (["--v-min", "-5"], "v_max = None: set both or neither"),
-        (["--batch-size", "0"], "batch_size = 0: must be at least 1"),
-        (["--envs", "0"], "envs = 0: must be at least 1"),
-        (["--lr", "0"], "lr = 0.0: must be > 0"),
+        (["--dqn.n-step", "0"], "n_step = 0: must be at least 1"),
+        (["--dqn.gamma", "2"], "gamma = 2.0: must be in [0, 1]"),
+        (["--dqn.v-min", "5", "--dqn.v-max", "-5"], "v_max = -5.0: must exceed v_min"),
+        (["--dqn.v-min", "-5"], "v_max = None: set both or neither"),
+        (["--dqn.batch-size", "0"], "batch_size = 0: must be at least 1"),
+        (["--dqn.envs", "0"], "envs = 0: must be at least 1"),
+        (["--dqn.lr", "0"], "lr = 0.0: must be > 0"),
+        (["--ppo.clip-coef", "0"], "clip_coef = 0.0: must be > 0"),
+        (["--ppo.envs", "10", "--ppo.rollout-steps", "3"], "must divide into minibatches"),
+        (["--pqn.eps-decay", "0"], "eps_decay = 0.0: must be in (0, 1]"),
         (["--epochs", "0"], "epochs = 0: must be at least 1"),
-        (["--episode-bars", "1"], "episode_bars = 1: must be at least 2"),
+        (["--env.episode-bars", "1"], "episode_bars = 1: must be at least 2"),
     ],
 )
 def test_parameters_that_cannot_work_get_one_line(capsys, args, message):
@@ -162,7 +165,7 @@ def test_parameters_that_cannot_work_get_one_line(capsys, args, message):
 def test_graph_capture_on_a_cpu_is_refused_before_upload(demo_es, tmp_path, capsys):
     cache_root, folds = demo_es
     rc = main(["train", "--folds", str(folds), "--cache", str(cache_root), "--device", "cpu",
-               "--capture", "graph", "--tracking", "none", "--out", str(tmp_path)])  # fmt: skip
+               "--dqn.capture", "graph", "--tracking", "none", "--out", str(tmp_path)])  # fmt: skip
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 1 and "CUDA graphs need a CUDA device" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())

@@ -209,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     module, cls_name = COMMANDS[name]
     cls = getattr(importlib.import_module(module), cls_name)
     # A config's __post_init__ refusing a value (ValueError) is reported by tyro, exit 2.
-    cfg = tyro.cli(cls, args=rest, prog=f"foxhunt {name}", config=(tyro.conf.OmitArgPrefixes,))
+    # train's nested configs keep their prefixes (--dqn.lr, --ppo.lr, --env.fee-bps): the
+    # three agents share field names.
+    flat = () if name == "train" else (tyro.conf.OmitArgPrefixes,)
+    cfg = tyro.cli(cls, args=rest, prog=f"foxhunt {name}", config=flat)
     try:
         return globals()[f"cmd_{name}"](cfg)
     except StepError as e:

@@ -1,8 +1,9 @@
 """`foxhunt train`: an agent trained over the walk-forward folds of one fxcache.
 
 One task = one model and seed over every fold: the cache is uploaded to the device once, the
-agent (and its CUDA graphs) is built once and reset in place per fold. Per epoch: collect,
-learn, evaluate the greedy policy on the val range; the best epoch by val Sharpe is
+agent (and its CUDA graphs) is built once and reset in place per fold. The loop knows agents only
+through `foxhunt.train.agents.Agent` (DQN, PPO, PQN: one file each under agents/). Per epoch:
+collect, learn, evaluate the greedy policy on the val range; the best epoch by val Sharpe is
 checkpointed (safetensors + config + normalisation statistics) and evaluated once on the test
 range. A resume file written after every epoch lets a killed task continue where it stopped and
 end with the same metrics as an uninterrupted run.
@@ -47,9 +48,12 @@ from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
+from foxhunt.train.agents import AGENTS, Agent, agent_class
+from foxhunt.train.agents.dqn import DQNConfig
+from foxhunt.train.agents.ppo import PPOConfig
+from foxhunt.train.agents.pqn import PQNConfig
 from foxhunt.train.baselines import evaluate_baselines
 from foxhunt.train.data import DataError, MarketData
-from foxhunt.train.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
 from foxhunt.train.metrics import periods_per_year, trading_metrics
@@ -62,6 +66,9 @@ class TrainError(StepError):
     pass
 
 
+MODELS = tuple(AGENTS)  # TrainConfig.model's choices, each a config field of its own
+
+
 @dataclass
 class TrainConfig:
     """Train an agent over the walk-forward folds of one fxcache."""
@@ -70,8 +77,10 @@ class TrainConfig:
     """Folds file written by `foxhunt folds` (it names the fxcache key)."""
     cache: Path = Path("data/fxcache")
     """Cache root (or the cache directory itself)."""
-    model: Literal["dqn"] = "dqn"
-    """Agent: Rainbow DQN over the joint actions (PPO and supervised models come later)."""
+    model: Literal["dqn", "ppo", "pqn"] = "dqn"
+    """Agent: dqn (Rainbow DQN over the joint actions), ppo (PPO, factorised policy over the
+    branches) or pqn (Q(lambda) on PPO's rollouts, no replay). Its settings: --dqn.*, --ppo.*,
+    --pqn.*."""
     epochs: int = 10
     """Epochs per fold; the best by val Sharpe is kept."""
     seed: int = 0
@@ -105,7 +114,11 @@ class TrainConfig:
     env: EnvConfig = field(default_factory=EnvConfig)
     """Trading environment: episodes, costs, fills."""
     dqn: DQNConfig = field(default_factory=DQNConfig)
-    """Rainbow DQN hyperparameters."""
+    """Rainbow DQN hyperparameters (model dqn)."""
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    """PPO hyperparameters (model ppo)."""
+    pqn: PQNConfig = field(default_factory=PQNConfig)
+    """PQN hyperparameters (model pqn)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -115,12 +128,17 @@ class TrainConfig:
         if self.eval_segments is not None and self.eval_segments < 1:
             raise ValueError(f"eval_segments = {self.eval_segments}: must be at least 1")
 
+    def agent_config(self):
+        """The chosen model's config (dqn, ppo or pqn)."""
+        return getattr(self, self.model)
+
     def digest(self, folds_doc: dict) -> str:
-        """What the results depend on: the settings and the folds (their content, which names
-        the cache), not where files are nor how runs are logged."""
+        """What the results depend on: the settings of the chosen model and the folds (their
+        content, which names the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
         skip = ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags")
-        for k in (*skip, "baselines"):
+        others = [m for m in MODELS if m != self.model]
+        for k in (*skip, "baselines", *others):
             d.pop(k)
         d["folds_content"] = {
             k: folds_doc[k] for k in ("fxcache_key", "folds", "spec") if k in folds_doc
@@ -263,12 +281,12 @@ class Clock:
             self.marks.append((name, time.perf_counter()))
 
     def read(self) -> dict[str, float]:
-        """Seconds between consecutive marks, keyed by the later mark's name."""
+        """Seconds between consecutive marks, summed by the later mark's name."""
         if self.cuda:
             self.marks[-1][1].synchronize()
-        out = {}
+        out: dict[str, float] = {}
         for (_, a), (name, b) in itertools.pairwise(self.marks):
-            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+            out[name] = out.get(name, 0.0) + (a.elapsed_time(b) / 1e3 if self.cuda else b - a)
         self.marks = []
         return out
 
@@ -279,22 +297,24 @@ def _save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def save_checkpoint(agent: RainbowAgent, cfg: TrainConfig, path: Path, meta: dict) -> None:
+def save_checkpoint(
+    agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
+) -> None:
     """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON)."""
     from safetensors.torch import save_file
 
-    tensors = {f"net.{k}": v.detach().cpu().contiguous() for k, v in agent.net.state_dict().items()}
-    tensors["norm.mean"] = agent.data.mean.cpu()
-    tensors["norm.inv_std"] = agent.data.inv_std.cpu()
-    tensors["support.z"] = agent.z.cpu()  # C51's atoms (derived per fold unless configured)
+    tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
+    tensors["norm.mean"] = data.mean.cpu()
+    tensors["norm.inv_std"] = data.inv_std.cpu()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})
     os.replace(tmp, path)
     doc = {
         "config": dataclasses.asdict(cfg),
-        "resolved_dqn": dataclasses.asdict(agent.cfg),
-        "columns": agent.data.names,  # the market columns the policy reads, in order
+        "model": cfg.model,
+        "resolved": dataclasses.asdict(agent.cfg),
+        "columns": data.names,  # the market columns the policy reads, in order
         **meta,
     }
     write_json_atomic(path.with_suffix(".json"), doc)
@@ -359,7 +379,7 @@ def run_train(
     doc = load_folds(cfg.folds)
     device = pick_device(cfg.device)
     try:
-        cfg.dqn.resolved(device)
+        cfg.agent_config().resolved(device)
     except ValueError as e:
         raise TrainError(str(e)) from None
     cache = open_cache(Path(cfg.cache), doc["fxcache_key"])
@@ -461,8 +481,7 @@ def _train_folds(
         device,
         data.upload.seconds * 1e3,
     )
-    agent = RainbowAgent(cfg.dqn, cfg.env, data, cfg.seed)
-    agent.ensure_optimizer_state()
+    agent: Agent = agent_class(cfg.model)(cfg.agent_config(), cfg.env, data, cfg.seed)
     if agent.cfg.capture == "graph":
         agent.capture()
     segments = cfg.eval_segments or (1024 if device.type == "cuda" else 16)
@@ -471,8 +490,7 @@ def _train_folds(
     # sequential walk at a CPU task's 16 (or a test's 4) pieces is most of a demo task's time.
     base_eval = Evaluator(cfg.env, data, max(segments, 64)) if cfg.baselines else None
 
-    def greedy(t, port):
-        return agent.act(agent.state(t, port), noise=False)
+    greedy = agent.greedy
 
     if state is not None:
         if state.get("digest") != digest:
@@ -508,10 +526,10 @@ def _train_folds(
     }
     params = {
         "train": {
-            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "dqn", "tags")
+            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "tags", *MODELS)
         },
         "env": dataclasses.asdict(cfg.env),
-        "dqn": dataclasses.asdict(agent.cfg),
+        cfg.model: dataclasses.asdict(agent.cfg),
         "bars": data.n,
         "bar_size": doc["bar_size"],
     }
@@ -562,13 +580,13 @@ def _train_folds(
             logger.log_metrics({"time/fold_reset_ms": reset_s * 1e3}, step=0)
 
         for epoch in range(first_epoch, cfg.epochs):
-            frac = epoch / max(cfg.epochs - 1, 1)
-            agent.replay.beta.fill_(agent.cfg.per_beta + (1.0 - agent.cfg.per_beta) * frac)
+            agent.begin_epoch(epoch, cfg.epochs)
             clock.mark("start")
-            agent.collect()
-            clock.mark("collect")
-            agent.learn()
-            clock.mark("learn")
+            for _ in range(agent.rounds):  # DQN: one round; PPO, PQN: rollouts and updates
+                agent.collect()
+                clock.mark("collect")
+                agent.learn()
+                clock.mark("learn")
             val_r, val_tr = evaluator.run(greedy, *ranges["val"], graph=True)
             clock.mark("eval")
             times = clock.read()
@@ -580,9 +598,10 @@ def _train_folds(
             metrics["time/epoch_s"] = sum(times.values())
             if val["sharpe"] > best["sharpe"]:
                 best = {"sharpe": val["sharpe"], "epoch": epoch, "val": val}
-                best_weights = {n: v.detach().clone() for n, v in agent.net.state_dict().items()}
+                best_weights = {n: v.detach().clone() for n, v in agent.weights().items()}
                 save_checkpoint(
                     agent,
+                    data,
                     cfg,
                     run_dir / f"fold-{k}" / "best.safetensors",
                     {"fold": fold, "epoch": epoch, "val": val},
@@ -617,8 +636,8 @@ def _train_folds(
                 on_epoch_end(k, epoch)
 
         # The best epoch, once on the test range; and a random policy for scale.
-        live = {n: v.clone() for n, v in agent.net.state_dict().items()}
-        agent.net.load_state_dict(best_weights)
+        live = {n: v.clone() for n, v in agent.weights().items()}
+        agent.load_weights(best_weights)
         test_r, test_tr = evaluator.run(greedy, *ranges["test"], graph=True)
         test = trading_metrics(test_r, test_tr, ppy, evaluator.last_positions)
         lo, hi = ranges["test"]
@@ -629,7 +648,7 @@ def _train_folds(
             trades=test_tr.double().cpu().numpy(),
             buy_and_hold=data.ret1[lo : hi - 1].double().cpu().numpy(),
         )
-        agent.net.load_state_dict(live)
+        agent.load_weights(live)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)
         rnd_r, rnd_tr = evaluator.run(random_policy(gen), *ranges["val"])
         rnd = trading_metrics(rnd_r, rnd_tr, ppy)

@@ -2,7 +2,7 @@
 signal (worth ~0.2 bp a bar) pays. `make run`, the CI learning test and bench_learning.py all
 train with these (docs/performance.md)."""
 
-from foxhunt.train.dqn import DQNConfig
+from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.env import EnvConfig
 
 EPOCHS = 8

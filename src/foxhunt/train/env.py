@@ -190,9 +190,12 @@ class TradingEnv:
         a_type: torch.Tensor,
         u_restart: torch.Tensor,
         restart: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        final: bool = False,
+    ) -> tuple[torch.Tensor, ...]:
         """One step of every env. Returns (t, reward, filled trade, done) of this step;
-        the env state moves on to the next bar (or a restart when `done` and `restart`)."""
+        the env state moves on to the next bar (or a restart when `done` and `restart`).
+        With `final`, also the portfolio features [E, 3] at bar t + 1 before any restart: the
+        state a time-limited episode reached, which on-policy agents bootstrap from."""
         t = self.t.clone()
         target = self.dir_tab[a_dir] * self.size_tab[a_size]
         reward, filled, new_pos, entry, hold = self.fill(
@@ -210,4 +213,6 @@ class TradingEnv:
         self.entry.copy_(torch.where(done, self.close.index_select(0, t_next), entry))
         self.hold.copy_(torch.where(done, 0.0, hold))
         self.steps.copy_(torch.where(done, 0, steps))
+        if final:
+            return t, reward, filled, done, self.portfolio_of(t1, new_pos, entry, hold)
         return t, reward, filled, done

@@ -34,7 +34,6 @@ moving to another fold only rewrites tensors in place, so the graphs survive it.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import math
@@ -45,19 +44,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train.data import N_MKT, MarketData
+from foxhunt.train.agents.common import (
+    IN_DIM,
+    STATE_DIM,
+    Capture,
+    Observation,
+    Precision,
+    autocast,
+    capture_graphs,
+    copy_state,
+    ensure_adam_state,
+    flatten_into_views,
+    resolve_runtime,
+    state_mismatch,
+)
+from foxhunt.train.data import MarketData
 from foxhunt.train.env import (
     DIRECTIONS,
     JOINT,
-    PORTFOLIO,
     SIZES,
     EnvConfig,
     TradingEnv,
     joint_table,
 )
 
-STATE_DIM = N_MKT + len(PORTFOLIO)
-IN_DIM = 64  # the state (53) zero-padded to a tensor-core friendly width
+__all__ = ["IN_DIM", "STATE_DIM", "DQNConfig", "QNet", "RainbowAgent", "acting_net"]
+
 N_ACTIONS = len(JOINT)
 SUPPORT_QUANTILE = 0.999  # derived support: this quantile of |discounted full-position return|
 SUPPORT_MARGIN = 1.5  # ... times this
@@ -130,10 +142,10 @@ class DQNConfig:
     """Global gradient-norm clip."""
     tau: float = 0.005
     """Soft target update rate per learning step."""
-    precision: Literal["auto", "fp32", "bf16"] = "auto"
+    precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
     projection and the losses stay float32."""
-    capture: Literal["auto", "eager", "graph"] = "auto"
+    capture: Capture = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss and the optimiser update (kernel fusion) before capture (default:
@@ -151,14 +163,9 @@ class DQNConfig:
             "replay_capacity": (1_000_000, 65_536),
         }
         fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
-        precision = self.precision if self.precision != "auto" else ("bf16" if gpu else "fp32")
-        capture = self.capture if self.capture != "auto" else ("graph" if gpu else "eager")
-        if capture == "graph" and not gpu:
-            raise ValueError(
-                "capture = 'graph': CUDA graphs need a CUDA device, and training runs on "
-                f"{device.type} (use --capture auto or eager)"
-            )
-        compile_ = self.compile if self.compile is not None else capture == "graph"
+        precision, capture, compile_ = resolve_runtime(
+            device, self.precision, self.capture, self.compile
+        )
         # replace() runs __post_init__: the filled-in sizes are checked too
         return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
 
@@ -345,16 +352,6 @@ def expected_q(out: torch.Tensor, z: torch.Tensor, iqn: bool) -> torch.Tensor:
     return torch.matmul(F.softmax(out.float(), -1), z)
 
 
-def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
-    """Copy the parameters into one flat leaf tensor and make each a view of its slice."""
-    flat = torch.cat([p.detach().reshape(-1) for p in params]).requires_grad_()
-    off = 0
-    for p in params:
-        p.data = flat.detach()[off : off + p.numel()].view_as(p)
-        off += p.numel()
-    return flat
-
-
 def project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
     """Project the distribution p_next [B, K, atoms] on support z, shifted to R + disc * z
     (R, disc [B, 1]), back onto z. Dense form: target atom j puts weight
@@ -500,30 +497,22 @@ class RainbowAgent:
         self.h_v = torch.zeros(n, E, dtype=torch.bool, device=dev)
         self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
-        self.pad = {}
+        self.state = Observation(data)  # state(t, portfolio) -> [B, IN_DIM]
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
         self.dir_tab = torch.tensor(DIRECTIONS, device=dev)
         self.size_tab = torch.tensor(SIZES, device=dev)
         # Branch indices -> joint index: direction * 10 + size * 2 + order type.
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.rounds = 1  # an epoch is one collection block and one block of learning steps
         self._reset_lists = None
         if cfg.compile:
             self._loss = torch.compile(self._loss, mode=cfg.compile_mode, dynamic=False)
+        self.ensure_optimizer_state()
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
-        if self.cfg.precision == "bf16":
-            return torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
-        return contextlib.nullcontext()
-
-    def _zeros(self, n: int) -> torch.Tensor:
-        if n not in self.pad:
-            self.pad[n] = torch.zeros(n, IN_DIM - STATE_DIM, device=self.device)
-        return self.pad[n]
-
-    def state(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.data.observe(t), portfolio, self._zeros(len(t))], 1)
+        return autocast(self.cfg.precision, self.device)
 
     def q_values(self, out: torch.Tensor) -> torch.Tensor:
         """Expected return of every action, [B, A], from logits (C51) or quantiles (IQN)."""
@@ -543,6 +532,25 @@ class RainbowAgent:
     def act(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
         """Greedy branch actions [B, 3] (direction, size, order type)."""
         return self.joint.index_select(0, self.act_joint(state, noise))
+
+    def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        """The evaluation policy: greedy on the mean weights (no noise)."""
+        return self.act(self.state(t, portfolio), noise=False)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The network and the support its atoms sit on (C51's z, derived per fold)."""
+        return {**{f"net.{k}": v for k, v in self.net.state_dict().items()}, "support.z": self.z}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for k, v in self.weights().items():
+                v.copy_(weights[k])
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        """PER's importance exponent beta, annealed linearly from per_beta to 1 at the last
+        epoch (Schaul et al. 2016)."""
+        frac = epoch / max(epochs - 1, 1)
+        self.replay.beta.fill_(self.cfg.per_beta + (1.0 - self.cfg.per_beta) * frac)
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
@@ -755,24 +763,14 @@ class RainbowAgent:
         # is restored afterwards).
         self.env.set_range(0, self.data.n)
         self.env.reset(torch.rand(self.cfg.envs, device=self.device))
-        s = torch.cuda.Stream(self.device)
-        s.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(s):
+
+        def warmup():
             for _ in range(3):
                 self._learn_step()
             self._collect_step(self.u_collect[0])
-        torch.cuda.current_stream(self.device).wait_stream(s)
-        torch.cuda.synchronize(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            self._learn_step()
-        self.graphs["learn"] = g
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
-            self._collect_block()
-        self.graphs["collect"] = g
-        torch.cuda.synchronize(self.device)
+
+        blocks = {"learn": self._learn_step, "collect": self._collect_block}
+        self.graphs.update(capture_graphs(self.device, warmup, blocks))
         self.restore(saved)
         torch.cuda.set_rng_state(rng, self.device)
 
@@ -786,23 +784,10 @@ class RainbowAgent:
 
     def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
         """Why `saved` cannot be restored into this agent (another version's layout), or None."""
-        cur = self._state_tensors()
-        missing = set(cur) - set(saved)
-        if missing:
-            return f"it lacks {sorted(missing)[:5]}"
-        for k, v in cur.items():
-            if saved[k].shape != v.shape:
-                return f"{k} has shape {tuple(saved[k].shape)}, this trainer {tuple(v.shape)}"
-        return None
+        return state_mismatch(self._state_tensors(), saved)
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        why = self.state_mismatch(saved)
-        if why is not None:
-            raise ValueError(f"resume state does not fit this trainer: {why}")
-        cur = self._state_tensors()
-        with torch.no_grad():
-            for k, v in cur.items():
-                v.copy_(saved[k].to(v.device))
+        copy_state(self._state_tensors(), saved)
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         st: dict[str, torch.Tensor] = {}
@@ -830,16 +815,26 @@ class RainbowAgent:
         return st
 
     def ensure_optimizer_state(self) -> None:
-        """Adam creates its state lazily at the first step; resume files and capture need it to
-        exist beforehand, so take one zero-gradient step and undo it."""
-        if self.opt.state:
-            return
-        saved = self.flat.detach().clone()
-        self.flat.grad = torch.zeros_like(self.flat)
-        self.opt.step()
+        ensure_adam_state(self.opt, self.flat)
+
+
+# ---------------------------------------------------------------------------------- serving
+def acting_net(cfg: DQNConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's greedy policy outside the trainer (CPU, float32): states [n, IN_DIM] ->
+    branch actions [n, 3]. IQN's greedy action averages quantiles at sampled fractions in
+    training; here the fractions are fixed midpoints, so a served IQN policy is deterministic."""
+    net = QNet(cfg)
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    net.eval()
+    z, joint, iqn = tensors["support.z"], joint_table(), cfg.distribution == "iqn"
+
+    def act(state: torch.Tensor) -> torch.Tensor:
+        taus = None
+        if iqn:
+            k = cfg.iqn_quantiles
+            taus = ((torch.arange(k) + 0.5) / k).expand(len(state), k)
         with torch.no_grad():
-            self.flat.copy_(saved)
-        for st in self.opt.state.values():
-            for v in st.values():
-                if torch.is_tensor(v):
-                    v.zero_()
+            out = net(state, taus, noise=False)
+        return joint[expected_q(out, z, iqn).argmax(-1)]
+
+    return act

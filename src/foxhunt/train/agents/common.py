@@ -1,0 +1,132 @@
+"""Pieces every agent uses the same way: the observation, device-dependent defaults, one flat
+parameter buffer, bf16 autocast, an optimiser whose state exists before capture.
+
+Functions, not a base class: each agent file reads top to bottom on its own (cleanrl's style),
+and what is shared is what must not differ between agents (what they observe, what a
+precision or capture setting means)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Literal
+
+import torch
+
+from foxhunt.train.data import N_MKT, MarketData
+from foxhunt.train.env import PORTFOLIO
+
+STATE_DIM = N_MKT + len(PORTFOLIO)
+IN_DIM = 64  # the state (53) zero-padded to a tensor-core friendly width
+
+Precision = Literal["auto", "fp32", "bf16"]
+Capture = Literal["auto", "eager", "graph"]
+
+
+class Observation:
+    """What an agent sees at bar t: the 50 market columns normalised on the fold's train range
+    (`MarketData.observe`), the portfolio state (position, unrealised PnL in %, bars held /
+    100), zeros up to IN_DIM. The padding rows are allocated once per batch size."""
+
+    def __init__(self, data: MarketData):
+        self.data = data
+        self.pad: dict[int, torch.Tensor] = {}
+
+    def __call__(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        n = len(t)
+        if n not in self.pad:
+            self.pad[n] = torch.zeros(n, IN_DIM - STATE_DIM, device=self.data.device)
+        return torch.cat([self.data.observe(t), portfolio, self.pad[n]], 1)
+
+
+def resolve_runtime(
+    device: torch.device, precision: str, capture: str, compile_: bool | None
+) -> tuple[str, str, bool]:
+    """auto -> bf16 and CUDA graphs on a GPU, fp32 and eager on a CPU; compile defaults to on
+    with graphs. Graphs on a CPU are refused with the option to use."""
+    gpu = device.type == "cuda"
+    precision = precision if precision != "auto" else ("bf16" if gpu else "fp32")
+    capture = capture if capture != "auto" else ("graph" if gpu else "eager")
+    if capture == "graph" and not gpu:
+        raise ValueError(
+            "capture = 'graph': CUDA graphs need a CUDA device, and training runs on "
+            f"{device.type} (use --capture auto or eager)"
+        )
+    return precision, capture, compile_ if compile_ is not None else capture == "graph"
+
+
+def autocast(precision: str, device: torch.device):
+    """bf16 autocast for matrix work; the callers keep softmax, returns, rewards and losses in
+    float32 themselves."""
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
+    return contextlib.nullcontext()
+
+
+def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
+    """Copy the parameters into one flat leaf tensor and make each a view of its slice: clipping,
+    Adam and a target update are then one kernel over one tensor (on a GPU, multi-tensor kernels
+    over a few small tensors occupy only a few SMs)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in params]).requires_grad_()
+    off = 0
+    for p in params:
+        p.data = flat.detach()[off : off + p.numel()].view_as(p)
+        off += p.numel()
+    return flat
+
+
+def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
+    """Adam creates its state lazily at the first step; resume files and capture need it to
+    exist beforehand, so take one zero-gradient step and undo it (weights and state as before)."""
+    if opt.state:
+        return
+    saved = flat.detach().clone()
+    flat.grad = torch.zeros_like(flat)
+    opt.step()
+    with torch.no_grad():
+        flat.copy_(saved)
+    for st in opt.state.values():
+        for v in st.values():
+            if torch.is_tensor(v):
+                v.zero_()
+
+
+def state_mismatch(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
+    """Why `saved` cannot be copied into `cur` (missing keys, other shapes), or None."""
+    missing = set(cur) - set(saved)
+    if missing:
+        return f"it lacks {sorted(missing)[:5]}"
+    for k, v in cur.items():
+        if saved[k].shape != v.shape:
+            return f"{k} has shape {tuple(saved[k].shape)}, this trainer {tuple(v.shape)}"
+    return None
+
+
+def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> None:
+    why = state_mismatch(cur, saved)
+    if why is not None:
+        raise ValueError(f"resume state does not fit this trainer: {why}")
+    with torch.no_grad():
+        for k, v in cur.items():
+            v.copy_(saved[k].to(v.device))
+
+
+def capture_graphs(
+    device: torch.device, warmup, blocks: dict[str, object]
+) -> dict[str, torch.cuda.CUDAGraph]:
+    """Run `warmup` on a side stream (allocations and autotuning happen there), then capture each
+    of `blocks` (name -> callable) as a CUDA graph sharing one memory pool."""
+    s = torch.cuda.Stream(device)
+    s.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(s):
+        warmup()
+    torch.cuda.current_stream(device).wait_stream(s)
+    torch.cuda.synchronize(device)
+    pool = torch.cuda.graph_pool_handle()
+    graphs = {}
+    for name, fn in blocks.items():
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, pool=pool):
+            fn()
+        graphs[name] = g
+    torch.cuda.synchronize(device)
+    return graphs

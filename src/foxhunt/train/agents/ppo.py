@@ -1,0 +1,471 @@
+"""PPO (Schulman et al. 2017) on the GPU-resident env, in the style of cleanrl's ppo.py.
+
+- Policy: a factorised categorical over the env's three branches (direction 3, size 5, order
+  type 2): one MLP with 10 logits, log pi(a | s) = the sum of the three branches' log-probs, the
+  entropy likewise. The critic is a separate MLP. Orthogonal initialisation, tanh (cleanrl).
+- A round: a rollout of `rollout_steps` steps of `envs` envs (agents/rollout.py: bar indices,
+  portfolio states, actions, rewards, episode ends, on the device), then GAE(lambda) over it,
+  then `update_epochs` passes of `minibatches` shuffled minibatches (the permutation is drawn
+  on the device), each split into `accumulate` micro-batches whose gradients add up before one
+  step, so the effective batch does not depend on memory.
+- Loss: the clipped surrogate on normalised advantages, the value loss (clipped optionally, as
+  in the PPO2 baselines), an entropy bonus. The global gradient norm is clipped; the norm before
+  clipping is what `losses/grad_norm` shows. The learning rate is a device tensor, annealed
+  linearly to 0 over the fold's rounds.
+- Episode ends are time limits: the advantage bootstraps from the value of the state the episode
+  reached (rollout.py), the GAE recursion is cut there.
+- Precision: bf16 autocast for the matrix work on a GPU; logits are cast to float32 before the
+  softmax, and rewards, values, advantages, ratios and losses are float32.
+
+Built for capture as the DQN is: static shapes, everything on the device, no host reads inside
+an epoch. On a GPU the rollout and the whole update (every epoch and minibatch) are each one CUDA
+graph, the loss and the optimiser step compiled inside them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foxhunt.train.agents.common import (
+    IN_DIM,
+    Capture,
+    Observation,
+    Precision,
+    autocast,
+    capture_graphs,
+    copy_state,
+    ensure_adam_state,
+    flatten_into_views,
+    resolve_runtime,
+    state_mismatch,
+)
+from foxhunt.train.agents.rollout import Rollout, gae
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
+
+N_LOGITS = sum(BRANCHES)
+STATS = (
+    "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "grad_norm", "loss",
+    "collect_reward", "collect_trades", "episodes", "collect_short", "collect_flat",
+    "collect_long", "value", "lr",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """PPO hyperparameters. Sizes left at None are chosen for the device: a GPU-sized run on
+    CUDA (16,384 envs), a CPU-sized one otherwise."""
+
+    hidden: tuple[int, ...] = (256, 256)
+    """Widths of the actor's and of the critic's hidden layers (two MLPs of the same shape)."""
+    envs: int | None = None
+    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
+    rollout_steps: int | None = None
+    """Steps per env in a rollout (default: 32 on a GPU, 64 on a CPU)."""
+    rounds: int | None = None
+    """Rollouts (each followed by its update) per epoch (default: 4 on a GPU, 8 on a CPU)."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    minibatches: int = 4
+    """Minibatches per pass (each envs * rollout_steps / minibatches samples)."""
+    accumulate: int = 1
+    """Micro-batches per minibatch whose gradients are summed before one optimiser step: the
+    same updates in less memory."""
+    gamma: float = 0.5
+    """Discount per bar. The demo market's edge lasts a few bars (foxhunt.synth.market)."""
+    gae_lambda: float = 0.9
+    """GAE's lambda."""
+    clip_coef: float = 0.2
+    """Clip range of the probability ratio."""
+    clip_vloss: bool = False
+    """Clip the value loss around the rollout's values (the PPO2 baselines' variant)."""
+    vf_coef: float = 0.5
+    """Weight of the value loss."""
+    ent_coef: float = 0.01
+    """Weight of the entropy bonus."""
+    norm_adv: bool = True
+    """Normalise advantages per minibatch."""
+    lr: float = 3e-4
+    """Adam learning rate at the start of a fold."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the fold's rounds."""
+    adam_eps: float = 1e-5
+    """Adam epsilon (cleanrl's)."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    reward_scale: float = 1e4
+    """Rewards (returns as fractions of notional) are learned in basis points."""
+    precision: Precision = "auto"
+    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
+    capture: Capture = "auto"
+    """CUDA graphs for the rollout and the update (auto: on CUDA)."""
+    compile: bool | None = None
+    """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+
+    def resolved(self, device: torch.device) -> PPOConfig:
+        gpu = device.type == "cuda"
+        sizes = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
+        fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
+        precision, capture, compile_ = resolve_runtime(
+            device, self.precision, self.capture, self.compile
+        )
+        return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: {rule}")
+
+        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
+        for k in ("envs", "rollout_steps", "rounds"):
+            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("update_epochs", "minibatches", "accumulate"):
+            need(getattr(self, k) >= 1, k, "must be at least 1")
+        need(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
+        need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "must be in [0, 1]")
+        need(self.clip_coef > 0, "clip_coef", "must be > 0")
+        for k in ("vf_coef", "ent_coef"):
+            need(getattr(self, k) >= 0, k, "must not be negative")
+        for k in ("lr", "adam_eps", "max_grad_norm", "reward_scale"):
+            need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        if self.envs is not None and self.rollout_steps is not None:
+            n = self.envs * self.rollout_steps
+            if n % (self.minibatches * self.accumulate):
+                raise ValueError(
+                    f"envs * rollout_steps = {n} must divide into minibatches * accumulate = "
+                    f"{self.minibatches * self.accumulate} equal micro-batches"
+                )
+
+
+# ---------------------------------------------------------------------------------- network
+def mlp(sizes: tuple[int, ...], out: int, out_std: float) -> nn.Sequential:
+    """tanh MLP with orthogonal weights (gain sqrt 2) and an output layer of gain `out_std`."""
+    layers: list[nn.Module] = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    layers.append(nn.Linear(sizes[-1], out))
+    for m in layers:
+        if isinstance(m, nn.Linear):
+            nn.init.orthogonal_(m.weight, out_std if m is layers[-1] else math.sqrt(2))
+            nn.init.zeros_(m.bias)
+    return nn.Sequential(*layers)
+
+
+class ActorCritic(nn.Module):
+    def __init__(self, hidden: tuple[int, ...]):
+        super().__init__()
+        self.actor = mlp((IN_DIM, *hidden), N_LOGITS, 0.01)
+        self.critic = mlp((IN_DIM, *hidden), 1, 1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits [B, 10] (float32) and values [B] (float32)."""
+        return self.actor(x).float(), self.critic(x).float().squeeze(-1)
+
+
+def branch_logp(logits: torch.Tensor) -> list[torch.Tensor]:
+    """Per-branch log-probabilities [B, n_b] of the factorised policy."""
+    return [F.log_softmax(x, -1) for x in logits.split(BRANCHES, -1)]
+
+
+def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor):
+    """log pi(a | s) [B] and the policy's entropy [B]: sums over the three branches."""
+    logp = torch.zeros_like(logits[:, 0])
+    ent = torch.zeros_like(logp)
+    for b, lp in enumerate(branch_logp(logits)):
+        logp = logp + lp.gather(1, actions[:, b : b + 1]).squeeze(1)
+        ent = ent - (lp.exp() * lp).sum(-1)
+    return logp, ent
+
+
+def sample(logits: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Branch actions [B, 3] drawn from the factorised policy with the Gumbel-max trick from
+    uniforms u [B, 10] (drawn by the caller: graph-safe and reproducible)."""
+    g = -torch.log(-torch.log(u.clamp(1e-10, 1.0 - 1e-7)))
+    return torch.stack([x.argmax(-1) for x in (logits + g).split(BRANCHES, -1)], 1)
+
+
+def mode(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely branch actions [B, 3]: the greedy policy."""
+    return torch.stack([x.argmax(-1) for x in logits.split(BRANCHES, -1)], 1)
+
+
+def clipped_losses(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    adv: torch.Tensor,
+    value: torch.Tensor,
+    old_value: torch.Tensor,
+    ret: torch.Tensor,
+    clip: float,
+    clip_vloss: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate and value losses (means over the batch), the approximate KL
+    (the k3 estimator, cleanrl's `approx_kl`) and the clipped fraction."""
+    log_ratio = logp - old_logp
+    ratio = log_ratio.exp()
+    pg = torch.maximum(-adv * ratio, -adv * ratio.clamp(1.0 - clip, 1.0 + clip)).mean()
+    if clip_vloss:
+        v_clip = old_value + (value - old_value).clamp(-clip, clip)
+        v_loss = 0.5 * torch.maximum((value - ret).square(), (v_clip - ret).square()).mean()
+    else:
+        v_loss = 0.5 * (value - ret).square().mean()
+    with torch.no_grad():
+        kl = ((ratio - 1.0) - log_ratio).mean()
+        clipfrac = ((ratio - 1.0).abs() > clip).float().mean()
+    return pg, v_loss, kl, clipfrac
+
+
+# ---------------------------------------------------------------------------------- agent
+class PPOAgent:
+    """The trainer's state for one task: actor-critic, optimiser, rollout buffers, env, graphs."""
+
+    def __init__(self, cfg: PPOConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
+        dev = data.device
+        self.cfg = cfg = cfg.resolved(dev)
+        self.data, self.device = data, dev
+        torch.manual_seed(seed)
+        self.net = ActorCritic(cfg.hidden).to(dev)
+        self.params = list(self.net.parameters())
+        self.flat = flatten_into_views(self.params)
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.lr = torch.full((), cfg.lr, device=dev)  # annealed in place, read by captured steps
+        gpu = dev.type == "cuda"
+        self.opt = torch.optim.Adam(
+            [self.flat], lr=self.lr, eps=cfg.adam_eps, capturable=gpu, foreach=False
+        )
+        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
+        self.state = Observation(data)
+        T, E = cfg.rollout_steps, cfg.envs
+        self.roll = Rollout(T, E, dev)
+        self.logp = torch.zeros(T, E, device=dev)
+        self.value = torch.zeros(T, E, device=dev)
+        self.next_value = torch.zeros(T, E, device=dev)
+        self.u_act = torch.zeros(T, E, N_LOGITS, device=dev)
+        self.n = T * E
+        self.micro = self.n // (cfg.minibatches * cfg.accumulate)
+        self.stats = torch.zeros(len(STATS), device=dev)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.rounds = cfg.rounds
+        self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
+        self.total_rounds = 1
+        if cfg.compile:
+            self._micro_loss = torch.compile(self._micro_loss, dynamic=False)
+            self._step = torch.compile(self._step, dynamic=False)
+        ensure_adam_state(self.opt, self.flat)
+
+    def _autocast(self):
+        return autocast(self.cfg.precision, self.device)
+
+    # ------------------------------------------------------------------ fold
+    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for k, v in self.net.state_dict().items():
+                v.copy_(self.init_state[k])
+            for st in self.opt.state.values():
+                for v in st.values():
+                    if torch.is_tensor(v):
+                        v.zero_()
+            self.stats.zero_()
+            self.lr.fill_(self.cfg.lr)
+        self.round = 0
+        self.data.fit_normaliser(train_lo, train_hi)
+        self.env.set_range(train_lo, train_hi)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        self.total_rounds = epochs * self.rounds
+        self.round = epoch * self.rounds
+
+    # ------------------------------------------------------------------ rollout
+    def _rollout(self) -> None:
+        roll, env, s = self.roll, self.env, self.stats
+        for k in range(roll.T):
+            t, port = env.t.clone(), env.portfolio()
+            roll.bar[k].copy_(t)
+            roll.port[k].copy_(port)
+            with torch.no_grad(), self._autocast():
+                logits, value = self.net(self.state(t, port))
+            a = sample(logits, self.u_act[k])
+            logp, _ = log_prob_entropy(logits, a)
+            r, filled, done = roll.step(k, env, a, self.cfg.reward_scale)
+            with torch.no_grad(), self._autocast():
+                next_value = self.net.critic(self.state(roll.final_t[k], roll.final_port[k]))
+            self.logp[k].copy_(logp)
+            self.value[k].copy_(value)
+            self.next_value[k].copy_(next_value.float().squeeze(-1))
+            s[7] += r.sum()
+            s[8] += filled.abs().sum()
+            s[9] += done.sum()
+            s[10:13] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
+            s[13] += value.mean()
+
+    def collect(self) -> None:
+        self.roll.u.uniform_()
+        self.u_act.uniform_()
+        if "rollout" in self.graphs:
+            self.graphs["rollout"].replay()
+        else:
+            self._rollout()
+
+    # ------------------------------------------------------------------ update
+    def _micro_loss(self, bar, port, act, old_logp, adv, old_value, ret):
+        cfg = self.cfg
+        with self._autocast():
+            logits, value = self.net(self.state(bar, port))
+        logp, ent = log_prob_entropy(logits, act)
+        pg, v_loss, kl, clipfrac = clipped_losses(
+            logp, old_logp, adv, value, old_value, ret, cfg.clip_coef, cfg.clip_vloss
+        )
+        ent = ent.mean()
+        loss = pg - cfg.ent_coef * ent + cfg.vf_coef * v_loss
+        return loss, torch.stack([pg, v_loss, ent, kl, clipfrac]).detach()
+
+    def _step(self) -> torch.Tensor:
+        """Clip the summed gradient to the global norm, Adam; the norm before clipping."""
+        g = self.flat.grad
+        gn = torch.linalg.vector_norm(g)
+        g.mul_((self.cfg.max_grad_norm / (gn + 1e-6)).clamp(max=1.0))
+        self.opt.step()
+        return gn
+
+    def _update(self) -> None:
+        cfg, roll = self.cfg, self.roll
+        with torch.no_grad():
+            adv = gae(
+                roll.reward, self.value, self.next_value, roll.done, cfg.gamma, cfg.gae_lambda
+            )
+            ret = adv + self.value
+        data = [roll.flat(x) for x in (roll.bar, roll.port, roll.act, self.logp)]
+        data += [roll.flat(adv), roll.flat(self.value), roll.flat(ret)]
+        M, A = self.micro, cfg.accumulate
+        for _ in range(cfg.update_epochs):
+            perm = torch.rand(self.n, device=self.device).argsort()
+            for mb in range(cfg.minibatches):
+                for p in self.params:  # backward hands over fresh gradient buffers
+                    p.grad = None
+                # Advantages are normalised over the whole minibatch, so that its micro-batches
+                # add up to the gradient of the minibatch taken at once.
+                a_mb = data[4].index_select(0, perm[mb * A * M : (mb + 1) * A * M])
+                mu, sd = (a_mb.mean(), a_mb.std() + 1e-8) if cfg.norm_adv else (0.0, 1.0)
+                for j in range(A):
+                    idx = perm[(mb * A + j) * M : (mb * A + j + 1) * M]
+                    b = [x.index_select(0, idx) for x in data]
+                    b[4] = (b[4] - mu) / sd
+                    loss, parts = self._micro_loss(*b)
+                    (loss / A).backward()
+                    self.stats[0:5] += parts / A
+                    self.stats[6] += loss.detach() / A
+                self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+                self.stats[5] += self._step()
+        self.stats[14] += self.lr
+
+    def learn(self) -> None:
+        if self.cfg.anneal_lr:
+            self.lr.fill_(self.cfg.lr * (1.0 - self.round / max(self.total_rounds, 1)))
+        if "update" in self.graphs:
+            self.graphs["update"].replay()
+        else:
+            self._update()
+        self.round += 1
+
+    def read_stats(self) -> dict[str, float]:
+        v = self.stats.tolist()
+        self.stats.zero_()
+        R = max(self.rounds, 1)
+        k = R * self.cfg.update_epochs * self.cfg.minibatches
+        c = R * self.n
+        return {
+            "losses/loss": v[6] / k,
+            "losses/pg_loss": v[0] / k,
+            "losses/v_loss": v[1] / k,
+            "losses/entropy": v[2] / k,
+            "losses/approx_kl": v[3] / k,
+            "losses/clipfrac": v[4] / k,
+            "losses/grad_norm": v[5] / k,
+            "losses/value": v[13] / (R * self.cfg.rollout_steps),
+            "charts/lr": v[14] / R,
+            "charts/collect_reward_bps": v[7] / c * 1e4,
+            "charts/collect_turnover": v[8] / c,
+            "charts/episodes": v[9],
+            **{
+                f"charts/collect_{d}": v[10 + i] / c
+                for i, d in enumerate(("short", "flat", "long"))
+            },
+        }
+
+    # ------------------------------------------------------------------ act
+    def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), self._autocast():
+            logits = self.net.actor(self.state(t, portfolio)).float()
+        return mode(logits)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {f"net.{k}": v for k, v in self.net.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for k, v in self.weights().items():
+                v.copy_(weights[k])
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """The rollout and the whole update as two CUDA graphs; the state is restored after
+        the warm-up and capture runs, so training from here on equals eager training."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        saved = self.snapshot()
+        rng = torch.cuda.get_rng_state(self.device)
+        self.env.set_range(0, self.data.n)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+
+        def warmup():
+            self._rollout()
+            self._update()
+
+        blocks = {"rollout": self._rollout, "update": self._update}
+        self.graphs.update(capture_graphs(self.device, warmup, blocks))
+        self.restore(saved)
+        torch.cuda.set_rng_state(rng, self.device)
+
+    # ------------------------------------------------------------------ state
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        st = {f"net.{k}": v for k, v in self.net.state_dict().items()}
+        for k, v in self.opt.state.get(self.flat, {}).items():
+            if torch.is_tensor(v):
+                st[f"opt.{k}"] = v
+        for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
+            st[f"env.{k}"] = getattr(self.env, k)
+        st["lr"], st["stats"] = self.lr, self.stats
+        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
+        return st
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._state_tensors().items()}
+
+    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        return state_mismatch(self._state_tensors(), saved)
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        copy_state(self._state_tensors(), saved)
+
+
+# ---------------------------------------------------------------------------------- serving
+def acting_net(cfg: PPOConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's greedy policy (the mode of each branch) on the CPU: states [n, IN_DIM]
+    -> branch actions [n, 3]."""
+    net = ActorCritic(cfg.hidden)
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    net.eval()
+
+    def act(state: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return mode(net.actor(state).float())
+
+    return act

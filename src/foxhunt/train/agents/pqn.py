@@ -1,0 +1,365 @@
+"""PQN (Gallici et al. 2024, "Simplifying Deep Temporal Difference Learning"): Q-learning on
+on-policy rollouts, with no replay buffer and no target network, stabilised by LayerNorm.
+
+- Q-network: an MLP with LayerNorm before each ReLU, one Q-value per joint action (the env's 30:
+  direction x size x order type, as the DQN's head).
+- A round: a rollout of `rollout_steps` steps of `envs` envs with epsilon-greedy actions on the
+  current network (agents/rollout.py, shared with PPO), Peng's Q(lambda) returns computed
+  backwards over it from max_a Q of each state a step reached, then `update_epochs` passes of
+  `minibatches` shuffled minibatches of 1/2 (Q(s, a) - G)^2 (regression onto fixed targets).
+- Epsilon is annealed linearly from `eps_start` to `eps_end` over the first `eps_decay` of the
+  fold's rounds, the learning rate linearly to 0; both are device tensors set per round.
+- Episode ends are time limits: the returns bootstrap from the state the episode reached.
+
+As PPO: static shapes, all on the device, the rollout and the update each one CUDA graph on a
+GPU, bf16 autocast for the matrix work and float32 targets and losses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from foxhunt.train.agents.common import (
+    IN_DIM,
+    Capture,
+    Observation,
+    Precision,
+    autocast,
+    capture_graphs,
+    copy_state,
+    ensure_adam_state,
+    flatten_into_views,
+    resolve_runtime,
+    state_mismatch,
+)
+from foxhunt.train.agents.rollout import Rollout, lambda_returns
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import JOINT, EnvConfig, TradingEnv, joint_table
+
+N_ACTIONS = len(JOINT)
+STATS = (
+    "loss", "grad_norm", "q_taken", "collect_reward", "collect_trades", "episodes",
+    "collect_short", "collect_flat", "collect_long", "epsilon", "lr",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PQNConfig:
+    """PQN hyperparameters. Sizes left at None are chosen for the device, as PPO's."""
+
+    hidden: tuple[int, ...] = (256, 256)
+    """Widths of the Q-network's hidden layers (each LayerNorm + ReLU)."""
+    envs: int | None = None
+    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
+    rollout_steps: int | None = None
+    """Steps per env in a rollout (default: 32 on a GPU, 64 on a CPU)."""
+    rounds: int | None = None
+    """Rollouts (each followed by its update) per epoch (default: 4 on a GPU, 8 on a CPU)."""
+    update_epochs: int = 2
+    """Passes over each rollout."""
+    minibatches: int = 4
+    """Minibatches per pass."""
+    gamma: float = 0.5
+    """Discount per bar."""
+    q_lambda: float = 0.65
+    """lambda of the Q(lambda) returns (purejaxql's Atari value)."""
+    eps_start: float = 1.0
+    """Epsilon at the start of a fold."""
+    eps_end: float = 0.05
+    """Epsilon after the decay."""
+    eps_decay: float = 0.25
+    """Fraction of the fold's rounds over which epsilon decays."""
+    lr: float = 3e-4
+    """Adam learning rate at the start of a fold."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the fold's rounds."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clip."""
+    reward_scale: float = 1e4
+    """Rewards (returns as fractions of notional) are learned in basis points."""
+    precision: Precision = "auto"
+    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
+    capture: Capture = "auto"
+    """CUDA graphs for the rollout and the update (auto: on CUDA)."""
+    compile: bool | None = None
+    """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+
+    def resolved(self, device: torch.device) -> PQNConfig:
+        gpu = device.type == "cuda"
+        sizes = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
+        fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
+        precision, capture, compile_ = resolve_runtime(
+            device, self.precision, self.capture, self.compile
+        )
+        return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, name: str, rule: str) -> None:
+            if not ok:
+                raise ValueError(f"{name} = {getattr(self, name)!r}: {rule}")
+
+        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
+        for k in ("envs", "rollout_steps", "rounds"):
+            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("update_epochs", "minibatches"):
+            need(getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("gamma", "q_lambda", "eps_start", "eps_end"):
+            need(0.0 <= getattr(self, k) <= 1.0, k, "must be in [0, 1]")
+        need(0.0 < self.eps_decay <= 1.0, "eps_decay", "must be in (0, 1]")
+        for k in ("lr", "max_grad_norm", "reward_scale"):
+            need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        if self.envs is not None and self.rollout_steps is not None:
+            if (self.envs * self.rollout_steps) % self.minibatches:
+                raise ValueError(
+                    f"envs * rollout_steps = {self.envs * self.rollout_steps} must divide into "
+                    f"minibatches = {self.minibatches} equal parts"
+                )
+
+
+# ---------------------------------------------------------------------------------- network
+class QNet(nn.Module):
+    """Linear -> LayerNorm -> ReLU per hidden layer, then Q-values of the 30 joint actions."""
+
+    def __init__(self, hidden: tuple[int, ...]):
+        super().__init__()
+        layers: list[nn.Module] = []
+        for a, b in zip((IN_DIM, *hidden[:-1]), hidden, strict=True):
+            layers += [nn.Linear(a, b), nn.LayerNorm(b), nn.ReLU()]
+        layers.append(nn.Linear(hidden[-1], N_ACTIONS))
+        self.net = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x).float()
+
+
+# ---------------------------------------------------------------------------------- agent
+class PQNAgent:
+    """The trainer's state for one task: Q-network, optimiser, rollout buffers, env, graphs."""
+
+    def __init__(self, cfg: PQNConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
+        dev = data.device
+        self.cfg = cfg = cfg.resolved(dev)
+        self.data, self.device = data, dev
+        torch.manual_seed(seed)
+        self.net = QNet(cfg.hidden).to(dev)
+        self.params = list(self.net.parameters())
+        self.flat = flatten_into_views(self.params)
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.lr = torch.full((), cfg.lr, device=dev)
+        self.eps = torch.full((), cfg.eps_start, device=dev)
+        self.opt = torch.optim.Adam(
+            [self.flat], lr=self.lr, capturable=dev.type == "cuda", foreach=False
+        )
+        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
+        self.state = Observation(data)
+        T, E = cfg.rollout_steps, cfg.envs
+        self.roll = Rollout(T, E, dev)
+        self.next_q = torch.zeros(T, E, device=dev)
+        self.u_act = torch.zeros(T, E, 2, device=dev)  # explore?, which random action
+        self.joint = joint_table(dev)
+        self.joint_stride = torch.tensor([10, 2, 1], device=dev)  # branches -> joint index
+        self.n = T * E
+        self.mb = self.n // cfg.minibatches
+        self.stats = torch.zeros(len(STATS), device=dev)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.rounds = cfg.rounds
+        self.round, self.total_rounds = 0, 1
+        if cfg.compile:
+            self._loss = torch.compile(self._loss, dynamic=False)
+            self._step = torch.compile(self._step, dynamic=False)
+        ensure_adam_state(self.opt, self.flat)
+
+    def _autocast(self):
+        return autocast(self.cfg.precision, self.device)
+
+    def _q(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad(), self._autocast():
+            return self.net(self.state(t, portfolio))
+
+    # ------------------------------------------------------------------ fold
+    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for k, v in self.net.state_dict().items():
+                v.copy_(self.init_state[k])
+            for st in self.opt.state.values():
+                for v in st.values():
+                    if torch.is_tensor(v):
+                        v.zero_()
+            self.stats.zero_()
+        self.round = 0
+        self.data.fit_normaliser(train_lo, train_hi)
+        self.env.set_range(train_lo, train_hi)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        self.total_rounds = epochs * self.rounds
+        self.round = epoch * self.rounds
+
+    def _schedule(self) -> None:
+        """Epsilon and the learning rate for the coming round, set in place."""
+        cfg = self.cfg
+        frac = self.round / max(self.total_rounds, 1)
+        eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * min(1.0, frac / cfg.eps_decay)
+        self.eps.fill_(eps)
+        self.lr.fill_(cfg.lr * (1.0 - frac) if cfg.anneal_lr else cfg.lr)
+
+    # ------------------------------------------------------------------ rollout
+    def _rollout(self) -> None:
+        roll, env, s = self.roll, self.env, self.stats
+        for k in range(roll.T):
+            t, port = env.t.clone(), env.portfolio()
+            roll.bar[k].copy_(t)
+            roll.port[k].copy_(port)
+            q = self._q(t, port)
+            u = self.u_act[k]
+            rnd = (u[:, 1] * N_ACTIONS).long().clamp(max=N_ACTIONS - 1)
+            j = torch.where(u[:, 0] < self.eps, rnd, q.argmax(-1))
+            a = self.joint.index_select(0, j)
+            r, filled, done = roll.step(k, env, a, self.cfg.reward_scale)
+            self.next_q[k].copy_(self._q(roll.final_t[k], roll.final_port[k]).max(-1).values)
+            s[2] += q.gather(1, j[:, None]).mean()
+            s[3] += r.sum()
+            s[4] += filled.abs().sum()
+            s[5] += done.sum()
+            s[6:9] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
+
+    def collect(self) -> None:
+        self._schedule()
+        self.roll.u.uniform_()
+        self.u_act.uniform_()
+        if "rollout" in self.graphs:
+            self.graphs["rollout"].replay()
+        else:
+            self._rollout()
+
+    # ------------------------------------------------------------------ update
+    def _loss(self, bar, port, joint, target) -> torch.Tensor:
+        with self._autocast():
+            q = self.net(self.state(bar, port))
+        return 0.5 * (q.gather(1, joint[:, None]).squeeze(1) - target).square().mean()
+
+    def _step(self) -> torch.Tensor:
+        g = self.flat.grad
+        gn = torch.linalg.vector_norm(g)
+        g.mul_((self.cfg.max_grad_norm / (gn + 1e-6)).clamp(max=1.0))
+        self.opt.step()
+        return gn
+
+    def _update(self) -> None:
+        cfg, roll = self.cfg, self.roll
+        with torch.no_grad():
+            target = lambda_returns(roll.reward, self.next_q, roll.done, cfg.gamma, cfg.q_lambda)
+        joint = (roll.act * self.joint_stride).sum(-1)
+        data = [roll.flat(roll.bar), roll.flat(roll.port), roll.flat(joint), roll.flat(target)]
+        for _ in range(cfg.update_epochs):
+            perm = torch.rand(self.n, device=self.device).argsort()
+            for mb in range(cfg.minibatches):
+                idx = perm[mb * self.mb : (mb + 1) * self.mb]
+                for p in self.params:
+                    p.grad = None
+                loss = self._loss(*(x.index_select(0, idx) for x in data))
+                loss.backward()
+                self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+                gn = self._step()
+                self.stats[0:2] += torch.stack([loss.detach(), gn])
+        self.stats[9] += self.eps
+        self.stats[10] += self.lr
+
+    def learn(self) -> None:
+        if "update" in self.graphs:
+            self.graphs["update"].replay()
+        else:
+            self._update()
+        self.round += 1
+
+    def read_stats(self) -> dict[str, float]:
+        v = self.stats.tolist()
+        self.stats.zero_()
+        R = max(self.rounds, 1)
+        k = R * self.cfg.update_epochs * self.cfg.minibatches
+        c = R * self.n
+        return {
+            "losses/loss": v[0] / k,
+            "losses/grad_norm": v[1] / k,
+            "losses/q_taken": v[2] / (R * self.cfg.rollout_steps),
+            "charts/epsilon": v[9] / R,
+            "charts/lr": v[10] / R,
+            "charts/collect_reward_bps": v[3] / c * 1e4,
+            "charts/collect_turnover": v[4] / c,
+            "charts/episodes": v[5],
+            **{
+                f"charts/collect_{d}": v[6 + i] / c for i, d in enumerate(("short", "flat", "long"))
+            },
+        }
+
+    # ------------------------------------------------------------------ act
+    def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        return self.joint.index_select(0, self._q(t, portfolio).argmax(-1))
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {f"net.{k}": v for k, v in self.net.state_dict().items()}
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            for k, v in self.weights().items():
+                v.copy_(weights[k])
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """The rollout and the whole update as two CUDA graphs (state restored afterwards)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        saved = self.snapshot()
+        rng = torch.cuda.get_rng_state(self.device)
+        self.env.set_range(0, self.data.n)
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+
+        def warmup():
+            self._rollout()
+            self._update()
+
+        blocks = {"rollout": self._rollout, "update": self._update}
+        self.graphs.update(capture_graphs(self.device, warmup, blocks))
+        self.restore(saved)
+        torch.cuda.set_rng_state(rng, self.device)
+
+    # ------------------------------------------------------------------ state
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        st = {f"net.{k}": v for k, v in self.net.state_dict().items()}
+        for k, v in self.opt.state.get(self.flat, {}).items():
+            if torch.is_tensor(v):
+                st[f"opt.{k}"] = v
+        for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
+            st[f"env.{k}"] = getattr(self.env, k)
+        st["lr"], st["eps"], st["stats"] = self.lr, self.eps, self.stats
+        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
+        return st
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._state_tensors().items()}
+
+    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        return state_mismatch(self._state_tensors(), saved)
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        copy_state(self._state_tensors(), saved)
+
+
+# ---------------------------------------------------------------------------------- serving
+def acting_net(cfg: PQNConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's greedy policy on the CPU: states [n, IN_DIM] -> branch actions [n, 3]."""
+    net = QNet(cfg.hidden)
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    net.eval()
+    joint = joint_table()
+
+    def act(state: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return joint[net(state).argmax(-1)]
+
+    return act
