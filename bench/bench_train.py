@@ -2,6 +2,7 @@
 
     python bench/bench_train.py                 on a CUDA device (the H200 of the device tool)
     python bench/bench_train.py --cpu-smoke     tiny sizes on the CPU: checks the script runs
+    python bench/bench_train.py --variants ppo-graph-bf16-compile,pqn-graph-bf16-compile
 
 Workload (the anchor's definition): 2,000,000 bars of 42 + 8 i.i.d. N(0,1) features and
 prices from a geometric random walk; the state (53 here, 54 in the anchor) padded to 64; trunk
@@ -19,6 +20,11 @@ weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp3
 captured (CUDA graphs) bf16 with the phase breakdown (collect, learn, val eval over 100k bars in
 1024 pieces), each as mean and 95% CI over the timed epochs, and whether eager and captured
 give the same numbers (tests/test_train_gpu.py). Prints a table; JSON to $OUT or /tmp.
+
+A variant may start with the model: `ppo-...` and `pqn-...` time PPO and PQN at their GPU
+defaults (E = 16,384 envs, rollouts of 32 steps, 4 rounds an epoch; PPO 4 update epochs x 4
+minibatches, PQN 2 x 4) on the same data and env. Every row gives env-steps/s (collection) and
+learner samples/s over the epoch (collection and learning, evaluation excluded).
 """
 
 from __future__ import annotations
@@ -37,7 +43,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
+from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
@@ -69,28 +78,39 @@ def sync(dev):
         torch.cuda.synchronize()
 
 
+def epoch_sizes(agent) -> tuple[int, int]:
+    """Env steps and learner samples of one epoch."""
+    c = agent.cfg
+    if isinstance(agent, RainbowAgent):
+        return c.envs * c.collect_steps, c.learn_steps * c.batch_size
+    steps = c.envs * c.rollout_steps * c.rounds
+    return steps, steps * c.update_epochs
+
+
 def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
+    """Collection, learning and val evaluation per epoch (an epoch is `agent.rounds` rounds of
+    collection then learning), mean and 95% CI over the timed epochs."""
     dev = agent.device
     rows = []
-
-    def greedy(t, p):
-        return agent.act(agent.state(t, p), noise=False)
-
     for e in range(warm + epochs):
-        sync(dev)
+        agent.begin_epoch(e, warm + epochs)
+        collect = learn = 0.0
+        for _ in range(agent.rounds):
+            sync(dev)
+            t0 = time.perf_counter()
+            agent.collect()
+            sync(dev)
+            t1 = time.perf_counter()
+            agent.learn()
+            sync(dev)
+            collect, learn = collect + t1 - t0, learn + time.perf_counter() - t1
         t0 = time.perf_counter()
-        agent.collect()
+        evaluator.run(agent.greedy, *val, graph=True)
         sync(dev)
-        t1 = time.perf_counter()
-        agent.learn()
-        sync(dev)
-        t2 = time.perf_counter()
-        evaluator.run(greedy, *val, graph=True)
-        sync(dev)
-        t3 = time.perf_counter()
+        ev = time.perf_counter() - t0
         stats = agent.read_stats()
         if e >= warm:
-            rows.append((t1 - t0, t2 - t1, t3 - t2, stats["losses/loss"]))
+            rows.append((collect, learn, ev, stats["losses/loss"]))
     out = {}
     for i, k in enumerate(("collect", "learn", "eval")):
         out[k] = ci95([r[i] for r in rows])
@@ -101,15 +121,16 @@ def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
 
 
 def profile_learn(agent, variant: str, steps: int = 20) -> None:
-    """Kernel time per learning step, by kernel name (outside any graph: the eager or compiled
-    step as it is captured)."""
+    """Kernel time per learning step (DQN) or per update (PPO, PQN), by kernel name (outside any
+    graph: the eager or compiled step as it is captured)."""
     from torch.profiler import ProfilerActivity, profile
 
-    agent._learn_step()
+    step = agent._learn_step if isinstance(agent, RainbowAgent) else agent._update
+    step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
-            agent._learn_step()
+            step()
         torch.cuda.synchronize()
     rows = {}
     for e in prof.events():
@@ -166,63 +187,11 @@ def main() -> None:
     val = (int(n * 0.6), int(n * 0.6) + (2_000 if args.cpu_smoke else 100_000))
     segments = 16 if args.cpu_smoke else 1024
     for variant in args.variants.split(","):
-        capture, precision, *opts = variant.split("-")
-        if args.cpu_smoke and capture == "graph":
-            continue
-        cfg = DQNConfig(
-            capture=capture,
-            precision=precision,
-            noisy="noisy" in opts,
-            epsilon=0.0 if "noisy" in opts else 0.05,
-            compile="compile" in opts or "autotune" in opts,
-            compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
-            **(small if args.cpu_smoke else {}),
-        )
-        t0 = time.perf_counter()
-        agent = RainbowAgent(cfg, env_cfg, data, seed=0)
-        # Experiment switches: -noalign (heads' matmuls at their own widths), -optfused /
-        # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer).
-        if "noalign" in opts:
-            agent.net.align = agent.target.align = 1
-        for impl in ("fused", "single"):
-            if "opt" + impl in opts:
-                agent.opt = torch.optim.Adam(
-                    [agent.flat], lr=cfg.lr, eps=cfg.adam_eps, capturable=True,
-                    fused=impl == "fused" or None, foreach=False,
-                )  # fmt: skip
-                agent.update_fn = agent._update
-        agent.ensure_optimizer_state()
-        agent.reset_fold(*train, seed=1)
-        if capture == "graph":
-            agent.capture()
-        evaluator = Evaluator(env_cfg, data, segments, capture=capture == "graph")
-        build_s = time.perf_counter() - t0
-        nparam = sum(p.numel() for p in agent.params)
-        # Fold transition: everything a new fold needs, in place.
-        resets = []
-        for k in range(20):
-            sync(dev)
-            a = time.perf_counter()
-            agent.reset_fold(*train, seed=k)
-            sync(dev)
-            resets.append((time.perf_counter() - a) * 1e3)
-        epochs = 2 if args.cpu_smoke else (args.epochs if capture == "graph" else 3)
-        r = time_epochs(agent, evaluator, val, epochs=epochs, warm=1)
-        r |= {"build_s": build_s, "fold_reset_ms": statistics.median(resets), "params": nparam}
-        if dev.type == "cuda":
-            r["peak_vram_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        res[variant] = r
-        print(
-            f"{variant:11s} epoch {r['train_epoch'][0]:.3f} s +- {r['train_epoch'][1]:.3f} "
-            f"(collect {r['collect'][0] * 1e3:.1f} ms, learn {r['learn'][0] * 1e3:.1f} ms; "
-            f"{r['learn'][0] / agent.cfg.learn_steps * 1e6:.0f} us/step), eval "
-            f"{r['eval'][0] * 1e3:.1f} ms, fold reset {r['fold_reset_ms']:.2f} ms, "
-            f"build {build_s:.1f} s, params {nparam:,}, loss {r['loss_last']:.3f}",
-            flush=True,
-        )
-        if args.profile and dev.type == "cuda":
-            profile_learn(agent, variant)
-        del agent
+        try:
+            run_variant(args, res, variant, data, env_cfg, train, val, segments, small)
+        except Exception as e:  # one failing variant must not hide the others' figures
+            res[variant] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"{variant}: FAILED {type(e).__name__}: {str(e)[:2000]}", flush=True)
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
@@ -245,11 +214,101 @@ def main() -> None:
                 f"identical={same} max param diff {diff:.3g}; losses {le} vs {lg}",
                 flush=True,
             )
+        for model in ("ppo", "pqn"):
+            for precision in ("fp32", "bf16"):
+                s_e, p_e = t.run_onpolicy("eager", model, precision)
+                s_g, p_g = t.run_onpolicy("graph", model, precision)
+                same = s_e == s_g and torch.equal(p_e, p_g)
+                diff = (p_e - p_g).abs().max().item()
+                checks[f"{model}-{precision}"] = {"identical": same, "max_param_diff": diff}
+                print(f"eager vs captured {model} {precision}, 3 epochs: identical={same} "
+                      f"max param diff {diff:.3g}", flush=True)  # fmt: skip
         res["eager_vs_captured"] = checks
 
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_train.json"
     out.write_text(json.dumps(res, indent=2))
     print(f"results in {out}")
+
+
+def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) -> None:
+    model = variant.split("-")[0] if variant.split("-")[0] in AGENTS else "dqn"
+    capture, precision, *opts = variant.removeprefix(f"{model}-").split("-")
+    if args.cpu_smoke and capture == "graph":
+        return
+    if model != "dqn":
+        cls, agent_cls = (PPOConfig, PPOAgent) if model == "ppo" else (PQNConfig, PQNAgent)
+        sizes = dict(envs=256, rollout_steps=8, rounds=2) if args.cpu_smoke else {}
+        ocfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
+        t0 = time.perf_counter()
+        agent = agent_cls(ocfg, env_cfg, data, seed=0)
+        agent.reset_fold(*train, seed=1)
+        if capture == "graph":
+            agent.capture()
+        report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
+        return
+    cfg = DQNConfig(
+        capture=capture,
+        precision=precision,
+        noisy="noisy" in opts,
+        epsilon=0.0 if "noisy" in opts else 0.05,
+        compile="compile" in opts or "autotune" in opts,
+        compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
+        **(small if args.cpu_smoke else {}),
+    )
+    t0 = time.perf_counter()
+    agent = RainbowAgent(cfg, env_cfg, data, seed=0)
+    # Experiment switches: -noalign (heads' matmuls at their own widths), -optfused /
+    # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer).
+    if "noalign" in opts:
+        agent.net.align = agent.target.align = 1
+    for impl in ("fused", "single"):
+        if "opt" + impl in opts:
+            agent.opt = torch.optim.Adam(
+                [agent.flat], lr=cfg.lr, eps=cfg.adam_eps, capturable=True,
+                fused=impl == "fused" or None, foreach=False,
+            )  # fmt: skip
+            agent.update_fn = agent._update
+    agent.reset_fold(*train, seed=1)
+    if capture == "graph":
+        agent.capture()
+    report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
+
+
+def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture) -> None:
+    """Time one built agent (fold reset, epochs) and print its row."""
+    dev = agent.device
+    evaluator = Evaluator(env_cfg, data, segments, capture=capture == "graph")
+    build_s = time.perf_counter() - t0
+    nparam = sum(p.numel() for p in agent.params)
+    # Fold transition: everything a new fold needs, in place.
+    resets = []
+    for k in range(20):
+        sync(dev)
+        a = time.perf_counter()
+        agent.reset_fold(*train, seed=k)
+        sync(dev)
+        resets.append((time.perf_counter() - a) * 1e3)
+    epochs = 2 if args.cpu_smoke else (args.epochs if capture == "graph" else 3)
+    r = time_epochs(agent, evaluator, val, epochs=epochs, warm=1)
+    steps, samples = epoch_sizes(agent)
+    r |= {"build_s": build_s, "fold_reset_ms": statistics.median(resets), "params": nparam,
+          "env_steps_per_epoch": steps, "samples_per_epoch": samples,
+          "env_steps_per_s": steps / r["train_epoch"][0],
+          "samples_per_s": samples / r["train_epoch"][0]}  # fmt: skip
+    if dev.type == "cuda":
+        r["peak_vram_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        torch.cuda.reset_peak_memory_stats()
+    res[variant] = r
+    print(
+        f"{variant:24s} epoch {r['train_epoch'][0]:.3f} s +- {r['train_epoch'][1]:.3f} "
+        f"(collect {r['collect'][0] * 1e3:.1f} ms, learn {r['learn'][0] * 1e3:.1f} ms), "
+        f"{r['env_steps_per_s'] / 1e6:.2f} M env-steps/s, {r['samples_per_s'] / 1e6:.2f} M "
+        f"samples/s, eval {r['eval'][0] * 1e3:.1f} ms, fold reset {r['fold_reset_ms']:.2f} ms, "
+        f"build {build_s:.1f} s, params {nparam:,}, loss {r['loss_last']:.3f}",
+        flush=True,
+    )
+    if args.profile and dev.type == "cuda":
+        profile_learn(agent, variant)
 
 
 if __name__ == "__main__":

@@ -427,7 +427,8 @@ class PPOAgent:
 
         def warmup():
             self._rollout()
-            self._update()
+            for _ in range(2):  # the first backward passes initialise autograd's state
+                self._update()
 
         blocks = {"rollout": self._rollout, "update": self._update}
         self.graphs.update(capture_graphs(self.device, warmup, blocks))
