@@ -153,8 +153,8 @@ def test_planted_signal_order_flow_leads_next_return(tmp_path):
     """Signed trade volume of bar t correlates with the return of bar t+1 (and the generator's
     rho sets how much): the signal later stages should find."""
 
-    def lead_corr(signal):
-        out = tmp_path / f"s{signal}"
+    def lead_corr(signal, impact=0.1, persistence=0.9):
+        out = tmp_path / f"s{signal}-{impact}-{persistence}"
         generate(
             SynthConfig(
                 out=out,
@@ -162,6 +162,8 @@ def test_planted_signal_order_flow_leads_next_return(tmp_path):
                 end=dt.date(2024, 5, 1),
                 symbols=("ES",),
                 signal=signal,
+                impact=impact,
+                persistence=persistence,
                 schemas=("trades", "ohlcv-1m"),
             ),
             workers=2,
@@ -180,12 +182,41 @@ def test_planted_signal_order_flow_leads_next_return(tmp_path):
         df = pd.concat(cs)
         return np.corrcoef(df["flow"], df["next"])[0, 1], len(df)
 
-    c, n = lead_corr(0.15)
-    c0, _ = lead_corr(0.0)
+    c, n = lead_corr(0.05)  # the defaults: next-bar loading kappa * phi + rho = 0.14
+    # No path from s[t] to r[t+1]: what is left is the trade prices' bid-ask bounce (a bar
+    # whose buyers lifted the ask closes on a trade at the ask), a small negative lead (-0.03
+    # with no impact at all, -0.04 at the default impact).
+    c0, _ = lead_corr(0.0, persistence=0.0)
     se = 1 / np.sqrt(n)
     assert c > 5 * se, (c, n)
-    assert abs(c0) < 4 * se, c0
-    assert 0.03 < c < 0.15
+    assert c - c0 > 6 * se, (c, c0)
+    assert -0.06 < c0 < 2 * se, c0
+    assert 0.03 < c < 0.14
+
+
+def test_planted_pressure_persists_as_documented():
+    """The bar path against the model in foxhunt.synth.market's docstring: the pressure is an
+    AR(1) with autocorrelation phi, returns have unit variance in units of sigma, and s[t]
+    predicts r[t+k] with loading kappa * phi**k + rho * phi**(k-1), estimated by regression."""
+    from foxhunt.synth.contracts import ROOTS, trading_days
+    from foxhunt.synth.market import MarketParams, bar_path
+
+    p = MarketParams(signal=0.05, impact=0.1, persistence=0.9)
+    days = trading_days(dt.date(2024, 1, 2), dt.date(2025, 1, 1))
+    path = bar_path(ROOTS["ES"], days, p, seed=3)
+    s = path.pressure.reshape(-1)
+    assert abs(np.corrcoef(s[1:], s[:-1])[0, 1] - 0.9) < 0.01
+    assert abs(s.std() - 1.0) < 0.03
+    # Returns inside each day (the first bar carries the overnight gap), in units of sigma;
+    # the close is in whole ticks, which adds a little variance.
+    ret = np.diff(np.log(path.close_ticks.astype(np.float64)), axis=1)
+    assert abs((ret / path.sigma[:, 1:]).std() - 1.0) < 0.05
+    for k in (1, 2, 5):
+        rk = (ret[:, k - 1 :] / path.sigma[:, k:]).reshape(-1)  # r[t+k] ...
+        sk = path.pressure[:, :-k].reshape(-1)  # ... beside s[t]
+        beta = (sk * rk).mean() / (sk * sk).mean()
+        expected = 0.1 * 0.9**k + 0.05 * 0.9 ** (k - 1)
+        assert abs(beta - expected) < 4 / np.sqrt(len(sk)), (k, beta, expected)
 
 
 # --- the compiled book walk against the vectorised reference it replaced ----------------------

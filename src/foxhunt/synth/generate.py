@@ -36,6 +36,7 @@ from foxhunt.synth.market import (
     MarketParams,
     bar_path,
     day_records,
+    noise_loading,
     ohlcv_from_trades,
     quarter_index,
     trades_from_mbp,
@@ -70,11 +71,14 @@ class SynthConfig:
     """Trading session per day: 'rth' 08:30-15:00 Central (390 bars), 'eth' 23 hours."""
     events_per_bar: float = 40.0
     """Mean MBP-10 book events per 1-minute bar, before price moves."""
-    signal: float = 0.15
-    """Planted signal: correlation of a bar's order-flow pressure with the next bar's return."""
-    impact: float = 0.3
+    signal: float = 0.05
+    """Planted signal (rho): loading of the next bar's return on a bar's order-flow pressure."""
+    impact: float = 0.1
     """Price impact of a bar's pressure on its own return (kappa): order-flow imbalance (OFI)
-    moves with the price, so it carries the pressure and, through it, the next bar's return."""
+    moves with the price, so it carries the pressure and, through it, the next bars' returns."""
+    persistence: float = 0.9
+    """Autocorrelation of the pressure from bar to bar (phi): how long the planted edge lasts
+    (half-life ln 0.5 / ln phi bars; 6.6 at 0.9). foxhunt.synth.market has the model."""
     flow: float = 1.0
     """How strongly the pressure shows in the bar's own trades (aggressor side)."""
     roll_days: int = 8
@@ -95,17 +99,16 @@ class SynthConfig:
             raise ValueError(f"unknown schema(s) {sorted(bad)}; synth writes {ALL_SCHEMAS}")
         if self.end <= self.start:
             raise ValueError(f"end {self.end} must be after start {self.start}")
-        if self.signal**2 + self.impact**2 > 1:
-            raise ValueError(
-                f"signal**2 + impact**2 = {self.signal**2 + self.impact**2:.3f} must be <= 1 "
-                "(they are correlations of one bar's return)"
-            )
+        if not 0.0 <= self.persistence < 1.0:
+            raise ValueError(f"persistence = {self.persistence}: must be in [0, 1)")
+        noise_loading(self.impact, self.signal, self.persistence)  # raises when out of range
 
     def params(self) -> MarketParams:
         return MarketParams(
             events_per_bar=self.events_per_bar,
             signal=self.signal,
             impact=self.impact,
+            persistence=self.persistence,
             flow=self.flow,
             roll_days=self.roll_days,
             session=self.session,
@@ -269,8 +272,11 @@ def generate(cfg: SynthConfig, workers: int | None = None, progress=None) -> Syn
                     "planted_signal": {
                         "rho": cfg.signal,
                         "kappa": cfg.impact,
-                        "meaning": "rho = corr(order-flow pressure of bar t, log return of bar "
-                        "t+1); kappa = corr(pressure of bar t, return of bar t)",
+                        "phi": cfg.persistence,
+                        "meaning": "pressure s[t] = phi * s[t-1] + sqrt(1 - phi^2) * noise; "
+                        "return r[t] = sigma * (kappa * s[t] + rho * s[t-1] + c * noise), so "
+                        "E[r[t+k] | s[t]] = sigma * (kappa * phi^k + rho * phi^(k-1)) * s[t] "
+                        "(foxhunt.synth.market)",
                     },
                 },
                 indent=2,

@@ -5,17 +5,29 @@ The model, per root symbol, at the bar level (one bar = one minute of the sessio
     h[t]     GARCH(1,1) variance, unit mean: h[t] = w + a * z[t-1]**2 * h[t-1] + b * h[t-1]
     season   U-shaped intraday variance multiplier (busy open and close), mean 1
     sigma[t] = annual_vol / sqrt(252 * bars_per_day) * sqrt(h[t] * season[t])
-    s[t]     ~ N(0, 1), the latent order-flow pressure of bar t
-    r[t]     = sigma[t] * (kappa * s[t] + rho * s[t-1] + sqrt(1 - kappa**2 - rho**2) * e[t])
+    s[t]     = phi * s[t-1] + sqrt(1 - phi**2) * u[t], u ~ N(0, 1): the latent order-flow
+             pressure of bar t, unit variance, persistent (AR(1), `SynthConfig.persistence`)
+    r[t]     = sigma[t] * (kappa * s[t] + rho * s[t-1] + c * e[t]),
+             c = sqrt(1 - kappa**2 - rho**2 - 2 * kappa * rho * phi)  (unit variance in all)
 
-So the pressure of bar t moves its own price (impact `kappa`, `SynthConfig.impact`) and leads
-the return of bar t+1 with correlation `rho` (the planted signal, `SynthConfig.signal`): prices
-adjust to order flow partly at once and partly a bar later. The pressure shows in the order book
-through the price moves of its own bar, so the order-flow imbalance (Cont, Kukanov, Stoikov 2014)
-of bar t carries s[t] and predicts r[t+1] with corr ~ rho * corr(OFI[t], s[t]). It also shows in
-the trades: a decrease of the best ask is a buy trade with probability
-(1 + tanh(2 * flow * s[t])) / 2, a decrease of the best bid a sell trade with the complementary
-one, so signed trade volume of bar t predicts r[t+1] too (tests check both).
+So the pressure of bar t moves its own price (impact `kappa`, `SynthConfig.impact`) and the
+next bar's (`rho`, `SynthConfig.signal`): prices adjust to order flow partly at once and partly
+a bar later. Pressure persists, as order flow does (meta-orders are split over many minutes:
+Lillo and Farmer 2004), so s[t] predicts every later return, decaying with the lag k:
+
+    E[r[t+k] | s[t]] = sigma * (kappa * phi**k + rho * phi**(k-1)) * s[t]
+
+At the defaults (phi 0.9, kappa 0.1, rho 0.05) the next bar's edge is 0.14 * sigma * s[t],
+about what one bar's round trip costs, but it lasts: the half-life is 6.6 bars, so a policy
+that holds a position while the pressure keeps its sign earns it net of the env's costs. The
+returns themselves stay close to a random walk (first-order autocorrelation ~0.02).
+
+The pressure shows in the order book through the price moves of its own bar, so the order-flow
+imbalance (Cont, Kukanov, Stoikov 2014) of bar t carries s[t]. It also shows in the trades: a
+decrease of the best ask is a buy trade with probability (1 + tanh(2 * flow * s[t])) / 2, a
+decrease of the best bid a sell trade with the complementary one, so signed trade volume of
+bar t predicts the next returns too (tests check both). Neither column is s itself: what a
+policy on the observable columns can earn is below the oracle's (docs/performance.md).
 
 Events. Inside a bar the best bid moves by whole ticks: the bar's net move round(r * price /
 tick) plus Poisson pairs of up and down moves. At a move the opposite best level is gone: its
@@ -70,10 +82,12 @@ GARCH_A, GARCH_B = 0.06, 0.92
 class MarketParams:
     events_per_bar: float = 40.0
     """Mean number of book events per bar (before moves), scaled by intraday activity."""
-    signal: float = 0.15
-    """rho: correlation of bar t's order-flow pressure with bar t+1's return."""
-    impact: float = 0.3
-    """kappa: correlation of bar t's order-flow pressure with bar t's own return."""
+    signal: float = 0.05
+    """rho: loading of bar t+1's return on bar t's order-flow pressure (the lagged impact)."""
+    impact: float = 0.1
+    """kappa: loading of bar t's return on its own order-flow pressure (the immediate impact)."""
+    persistence: float = 0.9
+    """phi: autocorrelation of the pressure from one bar to the next (AR(1))."""
     flow: float = 1.0
     """How strongly the pressure shows in trades and queues during its own bar."""
     roll_days: int = 8
@@ -106,19 +120,24 @@ def bar_path(spec: RootSpec, days: list[dt.date], p: MarketParams, seed: int) ->
     bars = SESSIONS[p.session][1]
     n = len(days) * bars
     z = rng.standard_normal(n)
+    u = rng.standard_normal(n)
     h = np.empty(n)
-    hv = 1.0
+    s = np.empty(n)
+    hv, sv = 1.0, 0.0
     w = 1.0 - GARCH_A - GARCH_B
-    # A sequential recursion over bars (not events): ~50k steps per half-year of RTH minutes.
+    phi = p.persistence
+    innov = np.sqrt(1.0 - phi * phi)
+    # Sequential recursions over bars (not events): ~50k steps per half-year of RTH minutes.
     for t in range(n):
         h[t] = hv
         hv = w + GARCH_A * z[t] * z[t] * hv + GARCH_B * hv
+        sv = phi * sv + innov * u[t] if t else u[0]
+        s[t] = sv
     season = np.tile(seasonality(bars), len(days))
     sigma = spec.annual_vol / np.sqrt(252.0 * bars) * np.sqrt(h * season)
-    s = rng.standard_normal(n)
     rho, kappa = p.signal, p.impact
     s_prev = np.concatenate([[0.0], s[:-1]])
-    r = sigma * (kappa * s + rho * s_prev + np.sqrt(1.0 - kappa * kappa - rho * rho) * z)
+    r = sigma * (kappa * s + rho * s_prev + noise_loading(kappa, rho, phi) * z)
     # Overnight gap at each day's first bar: a few bars' worth of variance.
     gaps = np.zeros(n)
     gaps[::bars] = rng.standard_normal(len(days)) * spec.annual_vol / np.sqrt(252.0) * 0.3
@@ -136,6 +155,18 @@ def bar_path(spec: RootSpec, days: list[dt.date], p: MarketParams, seed: int) ->
         activity=activity.reshape(len(days), bars),
         sigma=sigma.reshape(len(days), bars),
     )
+
+
+def noise_loading(kappa: float, rho: float, phi: float) -> float:
+    """c of the return equation: what keeps a bar's return at unit variance (before sigma)."""
+    c2 = 1.0 - kappa * kappa - rho * rho - 2.0 * kappa * rho * phi
+    if c2 < 0:
+        raise ValueError(
+            f"impact {kappa}, signal {rho}, persistence {phi}: impact**2 + signal**2 + "
+            f"2 * impact * signal * persistence = {1 - c2:.3f} must be <= 1 (they load a "
+            "return of unit variance)"
+        )
+    return float(np.sqrt(c2))
 
 
 def _root_key(root: str) -> int:
