@@ -1,20 +1,23 @@
-"""How well does the DQN trade the demo market, beside the baselines it must beat?
+"""How well do the agents trade the demo market, beside the baselines they must beat?
 
-    python bench/bench_learning.py [--data data] [--seeds 0,1,2] [--costs off,on]
-                                   [--device cpu|cuda] [--sizes demo|default]
+    python bench/bench_learning.py [--data data] [--models dqn,ppo,pqn] [--seeds 0,1,2]
+                                   [--costs on,off] [--jobs 2] [--device cpu|cuda]
+                                   [--sizes demo|default] [--set pqn.gamma=0.95 ...]
 
-(after `make run`; CPU demo sizes: ~3 minutes a seed and cost setting on 2 cores.)
+(after `make run`; on 2 cores with --jobs 2, about 8 minutes for the three models, three seeds
+and both cost settings.)
 
-Trains the DQN with the demo settings (foxhunt.train.demo; `--sizes default` takes the GPU
-defaults of DQNConfig instead) on the ES demo cache and its folds, once per seed and cost
-setting, and puts beside it, on the same val and test ranges, env, costs and metrics code
-(foxhunt.train.baselines): flat, buy and hold, random, ridge and logistic regressions on the 50
-observable columns (sign traded, and cost-aware with a threshold chosen on val), and the oracle
-that knows the latent order-flow pressure s[t] that synth planted (rebuilt from synth.json's seed
-and parameters) and holds sign(s[t]) (cost-aware variant too). Sharpe ratios are annualised,
-the mean over the folds; the DQN's is the mean over seeds with its standard error. "costs off"
-charges nothing; "costs on" the env's defaults (0.1 bp fee + 0.25 bp half spread per unit
-traded by market orders).
+Trains each model with the demo settings (foxhunt.train.demo; `--sizes default` takes each
+config's defaults, i.e. the GPU sizes on a GPU) on the ES demo cache and its folds, once per
+seed and cost setting, and puts beside them, on the same val and test ranges, env, costs and
+metrics code (foxhunt.train.baselines): flat, buy and hold, random, ridge and logistic
+regressions on the 50 observable columns (sign traded, and cost-aware with a threshold chosen on
+val), and the oracle that knows the latent order-flow pressure s[t] that synth planted (rebuilt
+from synth.json's seed and parameters) and holds sign(s[t]) (cost-aware variant too). Sharpe
+ratios are annualised, the mean over the folds; a model's is the mean over seeds with its
+standard error. "costs on" charges the env's defaults (0.1 bp fee + 0.25 bp half spread per
+unit traded by market orders), "costs off" nothing. With --jobs N the tasks run in N processes
+of one thread each (a seed's figures depend on the thread count: compare on one setting).
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.fxcache import FxCache
 from foxhunt.train import TrainConfig, demo, run_train
-from foxhunt.train.agents.dqn import DQNConfig
+from foxhunt.train.agents import AGENTS
 from foxhunt.train.baselines import evaluate_baselines, signal_policy
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -65,7 +68,8 @@ def pressure_by_timestamp(raw: Path, root: str) -> dict[int, float]:
     cfg = SynthConfig(
         start=dt.date.fromisoformat(meta["start"]), end=dt.date.fromisoformat(meta["end"]),
         seed=meta["seed"], session=meta["session"], signal=meta["signal"],
-        impact=meta["impact"], flow=meta["flow"], events_per_bar=meta["events_per_bar"],
+        impact=meta["impact"], persistence=meta.get("persistence", 0.0), flow=meta["flow"],
+        events_per_bar=meta["events_per_bar"],
     )  # fmt: skip
     days = trading_days(cfg.start, cfg.end)
     path = bar_path(ROOTS[root], days, cfg.params(), cfg.seed)
@@ -96,26 +100,66 @@ def oracle_rows(evaluator, data, folds, pressure, ppy) -> dict[str, list[dict]]:
     return out
 
 
+def train_one(job: dict) -> tuple[str, str, list, float]:
+    """One training task (a process of its own with --jobs): (model, costs, folds, seconds)."""
+    if job["device"] == "cpu":
+        torch.set_num_threads(job["threads"])
+    t0 = time.perf_counter()
+    res = run_train(TrainConfig(**job["cfg"]), NullLogger())
+    s = time.perf_counter() - t0
+    test = statistics.mean(f["test"]["sharpe"] for f in res.folds)
+    print(f"  {job['model']} costs {job['costs']} seed {job['cfg']['seed']}: test Sharpe "
+          f"{test:.2f} ({s:.0f} s)", flush=True)  # fmt: skip
+    return job["model"], job["costs"], res.folds, s
+
+
+def model_configs(sizes: str, sets: list[str]) -> dict:
+    """Each model's config at the chosen sizes, with --set fields applied: `model.field=value`
+    for one model, `field=value` for every model that has the field."""
+    if sizes == "demo":
+        cfgs = {"dqn": demo.DQN, "ppo": demo.PPO, "pqn": demo.PQN}
+    else:
+        cfgs = {m: AGENTS[m].load()[0]() for m in AGENTS}
+    for kv in sets:
+        k, _, v = kv.partition("=")
+        model, _, name = k.rpartition(".")
+        targets = [model] if model else list(cfgs)
+        hit = False
+        for m in targets:
+            if name in {f.name for f in dataclasses.fields(cfgs[m])}:
+                value = json.loads(v)
+                cfgs[m] = dataclasses.replace(
+                    cfgs[m], **{name: tuple(value) if isinstance(value, list) else value}
+                )
+                hit = True
+        if not hit:
+            sys.exit(f"--set {kv}: no config of {', '.join(targets)} has a field {name!r}")
+    return cfgs
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("data"))
+    ap.add_argument("--models", default="dqn,ppo,pqn")
     ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--costs", default="off,on", help="off, on or both (off,on)")
+    ap.add_argument("--costs", default="on,off", help="on, off or both (on,off)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--sizes", choices=("demo", "default"), default="demo")
     ap.add_argument("--epochs", type=int, default=None)
     ap.add_argument(
+        "--jobs", type=int, default=1, help="tasks in parallel processes (CPU: 1 thread each)"
+    )
+    ap.add_argument(
         "--set",
         nargs="*",
         default=[],
-        metavar="FIELD=VALUE",
-        help="DQNConfig fields over the chosen sizes, e.g. gamma=0.9 n_step=1",
+        metavar="[MODEL.]FIELD=VALUE",
+        help="config fields over the chosen sizes, e.g. dqn.gamma=0.9 pqn.q_lambda=0.8",
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_learning"))
     args = ap.parse_args()
-    if args.device == "cpu":
-        torch.set_num_threads(2)
     seeds = [int(s) for s in args.seeds.split(",")]
+    models = args.models.split(",")
     # `make folds` writes folds/ES.json, the pipeline folds/ES-<key>.json: take the newest.
     candidates = sorted((args.data / "folds").glob("ES*.json"), key=lambda p: p.stat().st_mtime)
     if not candidates:
@@ -128,64 +172,71 @@ def main() -> None:
     ppy = periods_per_year(cache.timestamps)
     s_of = pressure_by_timestamp(args.data / "raw", "ES")
     pressure = np.array([s_of.get(int(ts), np.nan) for ts in cache.timestamps])
+    cfgs = model_configs(args.sizes, args.set)
     if args.sizes == "demo":
-        dqn, env0, epochs, segments = demo.DQN, demo.ENV, demo.EPOCHS, demo.EVAL_SEGMENTS
+        env0, epochs, segments = demo.ENV, demo.EPOCHS, demo.EVAL_SEGMENTS
     else:
-        dqn, env0, epochs, segments = DQNConfig(), EnvConfig(), 10, None
+        env0, epochs, segments = EnvConfig(), 10, None
     epochs = args.epochs or epochs
-    fields = {f.name: f.type for f in dataclasses.fields(DQNConfig)}
-    for kv in args.set:
-        k, _, v = kv.partition("=")
-        if k not in fields:
-            sys.exit(f"--set {kv}: DQNConfig has no field {k!r}")
-        dqn = dataclasses.replace(dqn, **{k: json.loads(v)})
+    threads = 1 if args.jobs > 1 else 2
     print(f"ES demo cache {cache.key}: {len(cache)} bars, {len(doc['folds'])} folds; "
-          f"{np.isfinite(pressure).mean():.1%} matched to synth's pressure; "
-          f"DQN {args.sizes} sizes {' '.join(args.set)}, {epochs} epochs, seeds {seeds}, "
-          f"device {device}")  # fmt: skip
+          f"{np.isfinite(pressure).mean():.1%} matched to synth's pressure; models {models} "
+          f"at {args.sizes} sizes {' '.join(args.set)}, {epochs} epochs, seeds {seeds}, device "
+          f"{device}" + (f", {threads} thread(s) a task" if device.type == "cpu" else ""),
+          flush=True)  # fmt: skip
+    jobs = []
     for costs in args.costs.split(","):
         env = dataclasses.replace(env0, **COSTS[costs])
-        rows: dict[str, list] = {}
-        t0 = time.perf_counter()
-        for seed in seeds:
-            res = run_train(
-                TrainConfig(folds=folds_path, cache=args.data / "fxcache", epochs=epochs,
-                            seed=seed, device=args.device, tracking="none", out=args.out,
-                            resume=False, eval_segments=segments, env=env, dqn=dqn,
-                            baselines=False),  # evaluated below, once for all seeds
-                NullLogger(),
-            )  # fmt: skip
-            rows.setdefault("dqn", []).append(res.folds)
-        train_s = (time.perf_counter() - t0) / len(seeds)
+        for model in models:
+            for seed in seeds:
+                cfg = dict(folds=folds_path, cache=args.data / "fxcache", epochs=epochs,
+                           seed=seed, device=args.device, tracking="none",
+                           out=args.out / f"{model}-{costs}", resume=False,
+                           eval_segments=segments, env=env, model=model, baselines=False,
+                           **{model: cfgs[model]})  # baselines: below, once for all  # fmt: skip
+                jobs.append({"cfg": cfg, "model": model, "costs": costs,
+                             "device": args.device, "threads": threads})  # fmt: skip
+    if args.jobs > 1:
+        import multiprocessing as mp
+
+        with mp.get_context("spawn").Pool(args.jobs) as pool:
+            done = list(pool.imap_unordered(train_one, jobs))
+    else:
+        done = [train_one(j) for j in jobs]
+    for costs in args.costs.split(","):
+        env = dataclasses.replace(env0, **COSTS[costs])
+        table = {m: [f for mm, c, f, _ in done if mm == m and c == costs] for m in models}
+        secs = {m: statistics.mean(s for mm, c, _, s in done if mm == m and c == costs)
+                for m in models}  # fmt: skip
         evaluator = Evaluator(env, data, 64)
         base = []
         for f in doc["folds"]:
             ranges = {p: (f[f"{p}_start"], f[f"{p}_end"]) for p in ("train", "val", "test")}
             base.append(evaluate_baselines(evaluator, data, ranges, ppy, 0))
-        table = {"dqn": rows["dqn"]}
         for name in base[0]:
             table[name] = [[b[name] for b in base]]
         if np.isfinite(pressure).any():
             oracle = oracle_rows(evaluator, data, doc["folds"], pressure, ppy)
             table |= {k: [v] for k, v in oracle.items()}
-        report(costs, env, table, train_s)
+        report(costs, env, table, secs)
 
 
-def report(costs: str, env: EnvConfig, table: dict, train_s: float) -> None:
+def report(costs: str, env: EnvConfig, table: dict, secs: dict[str, float]) -> None:
     """One row per policy: mean over folds, then mean and standard error over seeds."""
     charged = (
         "costs off"
         if costs == "off"
         else f"costs on: {env.fee_bps} bp fee + {env.half_spread_bps} bp half spread per unit"
     )
-    print(f"\n{charged}; DQN {train_s:.0f} s per seed")
+    per = ", ".join(f"{m} {s:.0f} s" for m, s in secs.items())
+    print(f"\n{charged}; training time per seed: {per}")
     print(f"{'policy':15s} {'val Sharpe':>16s} {'test Sharpe':>16s}  {'test short/flat/long':>20s}"
-          f"  {'test vs ridge':>13s}  seeds")  # fmt: skip
+          f"  {'of ridge':>8s}  {'of ridge_cost':>13s}  seeds")  # fmt: skip
 
     def fold_mean(folds, part, key):
         return statistics.mean(f[part][key] for f in folds)
 
-    ridge_test = fold_mean(table["ridge"][0], "test", "sharpe")
+    refs = [fold_mean(table[k][0], "test", "sharpe") for k in ("ridge", "ridge_cost")]
     for name, runs in table.items():
         val = [fold_mean(r, "val", "sharpe") for r in runs]
         test = [fold_mean(r, "test", "sharpe") for r in runs]
@@ -201,9 +252,10 @@ def report(costs: str, env: EnvConfig, table: dict, train_s: float) -> None:
             u = [statistics.mean(fold_mean(r, "test", k) for r in runs) for k in
                  ("short", "flat", "long")]  # fmt: skip
             usage = f"{u[0]:.0%}/{u[1]:.0%}/{u[2]:.0%}"
-        vs = statistics.mean(test) / ridge_test if ridge_test > 0 else float("nan")
+        vs = [statistics.mean(test) / r if r > 0 else float("nan") for r in refs]
         seeds = " ".join(f"{t:.1f}" for t in test) if len(test) > 1 else ""
-        print(f"{name:15s} {ms(val):>16s} {ms(test):>16s}  {usage:>20s}  {vs:13.2f}  {seeds}")
+        print(f"{name:15s} {ms(val):>16s} {ms(test):>16s}  {usage:>20s}  {vs[0]:8.2f}  "
+              f"{vs[1]:13.2f}  {seeds}")  # fmt: skip
 
 
 if __name__ == "__main__":

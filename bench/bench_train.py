@@ -251,6 +251,7 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         precision=precision,
         noisy="noisy" in opts,
         epsilon=0.0 if "noisy" in opts else 0.05,
+        n_step=3,  # the standard workload's; the DQN's default is 1
         compile="compile" in opts or "autotune" in opts,
         compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
         **(small if args.cpu_smoke else {}),

@@ -29,7 +29,7 @@ def run_epochs(
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=compile_, precision=precision,
-        distribution=distribution,
+        distribution=distribution, noisy=True, epsilon=0.0, n_step=3,
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
     agent.ensure_optimizer_state()

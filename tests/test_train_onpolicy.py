@@ -219,7 +219,7 @@ def test_ppo_learning_rate_anneals_to_zero_over_the_fold():
 def tiny(demo, out, model, **kw) -> TrainConfig:
     cache, folds = demo
     base = dict(
-        folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=8,
+        folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=64,
         ppo=PPO_TINY, pqn=PQN_TINY, env=EnvConfig(episode_bars=256), run_id="run-1",
         baselines=False, model=model,
     )  # fmt: skip

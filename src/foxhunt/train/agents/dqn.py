@@ -97,8 +97,11 @@ class DQNConfig:
     """IQN: quantile fractions sampled per state, for the online and the target net alike."""
     iqn_embedding: int = 64
     """IQN: cosine features of a quantile fraction."""
-    noisy: bool = True
-    """Factorised Gaussian noisy layers in the heads (exploration without epsilon)."""
+    noisy: bool = False
+    """Factorised Gaussian noisy layers in the heads (Rainbow's exploration; set epsilon 0).
+    Off by default: with the env's costs on, epsilon-greedy 0.1 with 1-step returns earned
+    more on the demo market at the GPU sizes and the CPU ones (docs/performance.md), and an
+    epoch costs two thirds of the time."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
     noise_per_env: bool = False
@@ -114,12 +117,12 @@ class DQNConfig:
     """Discount per bar (0: a contextual bandit, each bar's reward alone). 0.5: the demo
     market's order flow predicts the next bar's return, and at 0.9 or 0.99 the returns of bars
     far ahead drown it (docs/performance.md, "Learning")."""
-    n_step: int = 3
-    """Steps of the n-step return."""
+    n_step: int = 1
+    """Steps of the n-step return (3 earned less with costs on, docs/performance.md)."""
     reward_scale: float = 1e4
     """Rewards (returns as fractions of notional) are learned in basis points by default."""
-    epsilon: float = 0.0
-    """Probability of a uniformly random action per branch while collecting (noisy nets explore)."""
+    epsilon: float = 0.1
+    """Probability of a uniformly random joint action while collecting (0 with noisy nets)."""
     envs: int | None = None
     """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
     collect_steps: int | None = None
