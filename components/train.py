@@ -14,27 +14,31 @@ def train(
     seed: int = 0,
     epochs: int = 10,
     kfp_run_id: str = "",
-    lr: float = 1e-4,
-    gamma: float = 0.5,
-    n_step: int = 3,
+    lr: float = 0.0,
+    gamma: float = -1.0,
+    n_step: int = 0,
     batch_size: int = 0,
     envs: int = 0,
     fee_bps: float = 0.1,
     half_spread_bps: float = 0.25,
     overrides: str = "{}",
 ):
-    """One training task: every fold of the folds artifact, one upload, one model and seed.
-    `best_model` is the task's best fold's checkpoint (weights, normaliser, config; also an MLflow
-    model, its URI in the metadata), `results` its per-fold results.
-    batch_size/envs 0: sized for the device. overrides: JSON of further DQNConfig/EnvConfig
-    fields, e.g. {"dqn": {"hidden": [128, 128]}, "env": {"episode_bars": 512}}."""
+    """One training task: every fold of the folds artifact, one upload, one model (dqn, ppo or
+    pqn) and seed. `best_model` is the task's best fold's checkpoint (weights, normaliser,
+    config; also an MLflow model, its URI in the metadata), `results` its per-fold results.
+    lr 0, gamma -1, n_step 0: the model's own default; batch_size/envs 0: sized for the device;
+    each applies to the models that have it (n_step and batch_size: dqn). overrides: JSON of
+    further fields per config, e.g. {"dqn": {"hidden": [128, 128]}, "ppo": {"ent_coef": 0.02},
+    "env": {"episode_bars": 512}, "train": {"eval_segments": 16}}; only the chosen model's
+    section is used."""
     import dataclasses
     import json
     import math
     import shutil
     from pathlib import Path
 
-    from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, run_train
+    from foxhunt.train import EnvConfig, TrainConfig, run_train
+    from foxhunt.train.agents import AGENTS
     from foxhunt.train.tracking import find_pipeline_run, require_tracking_uri
 
     require_tracking_uri()
@@ -44,19 +48,22 @@ def train(
 
     extra = json.loads(overrides or "{}")
     fields = {f.name for f in dataclasses.fields(TrainConfig)} - {
-        "folds",
-        "cache",
-        "out",
-        "dqn",
-        "env",
+        "folds", "cache", "out", "env", *AGENTS,
+    }  # fmt: skip
+    if model not in AGENTS:
+        raise ValueError(f"model {model!r}: choose one of {', '.join(AGENTS)}")
+    config_cls = AGENTS[model].load()[0]
+    own = {f.name for f in dataclasses.fields(config_cls)}
+    given = {
+        "lr": lr if lr > 0 else None,
+        "gamma": gamma if gamma >= 0 else None,
+        "n_step": n_step or None,
+        "batch_size": batch_size or None,
+        "envs": envs or None,
     }
-    dqn = {"lr": lr, "gamma": gamma, "n_step": n_step, **extra.get("dqn", {})}
-    if batch_size:
-        dqn["batch_size"] = batch_size
-    if envs:
-        dqn["envs"] = envs
-    if "hidden" in dqn:
-        dqn["hidden"] = tuple(dqn["hidden"])
+    agent = {k: v for k, v in given.items() if v is not None and k in own}
+    agent |= extra.get(model, {})
+    agent = {k: tuple(v) if isinstance(v, list) else v for k, v in agent.items()}
     env = {"fee_bps": fee_bps, "half_spread_bps": half_spread_bps, **extra.get("env", {})}
     cfg = TrainConfig(
         folds=Path(folds.path),
@@ -72,7 +79,7 @@ def train(
             **({"kfp_run_id": kfp_run_id} if kfp_run_id else {}),
             **({"mlflow.parentRunId": parent_run_id} if parent_run_id else {}),
         },
-        dqn=DQNConfig(**dqn),
+        **{model: config_cls(**agent)},
         env=EnvConfig(**env),
         **{k: v for k, v in extra.get("train", {}).items() if k in fields},
     )

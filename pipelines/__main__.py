@@ -25,28 +25,33 @@ BUILD = Path("build")
 
 
 def demo_params() -> dict:
-    """make run's demo as pipeline parameters: foxhunt.train.demo's settings."""
+    """make run's demo as pipeline parameters: foxhunt.train.demo's settings, each model's in
+    its own section of `overrides` (the train step reads the chosen model's), so that
+    `run-local train-baseline --demo model=ppo` trains PPO at its demo settings."""
+    import dataclasses
+
     from foxhunt.train import demo
 
-    d, e = demo.DQN, demo.ENV
+    def changed(cfg) -> dict:
+        """The fields where a demo config differs from its class's defaults (JSON-ready)."""
+        default = type(cfg)()
+        return {
+            f.name: list(v) if isinstance(v, tuple) else v
+            for f in dataclasses.fields(cfg)
+            if (v := getattr(cfg, f.name)) != getattr(default, f.name)
+        }
+
+    e = demo.ENV
     return {
         "epochs": demo.EPOCHS,
         "seeds": [0],
-        "gamma": d.gamma,
-        "n_step": d.n_step,
-        "lr": d.lr,
-        "batch_size": d.batch_size,
-        "envs": d.envs,
         "fee_bps": e.fee_bps,
         "half_spread_bps": e.half_spread_bps,
         "overrides": json.dumps(
             {
-                "dqn": {
-                    "hidden": list(d.hidden),
-                    "head_hidden": d.head_hidden,
-                    "collect_steps": d.collect_steps,
-                    "learn_steps": d.learn_steps,
-                },
+                "dqn": changed(demo.DQN),
+                "ppo": changed(demo.PPO),
+                "pqn": changed(demo.PQN),
                 "env": {"episode_bars": e.episode_bars},
                 "train": {"eval_segments": demo.EVAL_SEGMENTS},
             }
@@ -60,7 +65,7 @@ class SubmitError(RuntimeError):
 
 # Values a parameter may take where its type alone does not say (the Literal types of FoldSpec
 # and TrainConfig; a test keeps them equal).
-CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn",)}
+CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn", "ppo", "pqn")}
 _JSON_TYPES = {
     "Integer": (int,),
     "Float": (int, float),

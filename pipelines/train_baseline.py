@@ -27,7 +27,8 @@ def build_train_baseline(
 
     @dsl.pipeline(
         name="train-baseline",
-        description="Databento DBN -> fxcache -> walk-forward folds -> DQN per seed -> report",
+        description="Databento DBN -> fxcache -> walk-forward folds -> a model (dqn, ppo or "
+        "pqn) per seed -> report",
     )
     def train_baseline(
         symbol: str = "ES",
@@ -45,9 +46,9 @@ def build_train_baseline(
         model: str = "dqn",
         epochs: int = 10,
         seeds: list = [0, 1],  # noqa: B006 (a KFP default, not a Python one)
-        lr: float = 1e-4,
-        gamma: float = 0.5,
-        n_step: int = 3,
+        lr: float = 0.0,
+        gamma: float = -1.0,
+        n_step: int = 0,
         batch_size: int = 0,
         envs: int = 0,
         fee_bps: float = 0.1,

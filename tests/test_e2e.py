@@ -31,6 +31,7 @@ TINY = {
                 "learn_steps": 2,
                 "replay_capacity": 256,
             },
+            "ppo": {"hidden": [16], "envs": 8, "rollout_steps": 8, "rounds": 1},
             "train": {"eval_segments": 16},
         }
     ),
@@ -147,17 +148,37 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
         except ValueError as e:
             pytest.fail(f"{p}: {e}")
 
-    # A second run: the ingested data and the cache are found, nothing is recomputed before
-    # training; training itself runs afresh (a new run, not a retry), under new MLflow runs.
-    # (One seed and one epoch this time: what is checked is that it trains, not how much.)
-    log2 = run_pipeline(raw, work, mlflow_server, tmp_path, seeds=[0], epochs=1)
+    # A second run, a rerun with model=ppo as from the Kubeflow UI: the ingested data and the
+    # cache are found, nothing is recomputed before training; training runs afresh (a new
+    # run, not a retry) and trains PPO, under new MLflow runs that carry the DQN's metric keys
+    # for what the two share. (One seed and one epoch: what is checked is that it trains.)
+    log2 = run_pipeline(raw, work, mlflow_server, tmp_path, seeds=[0], epochs=1, model="ppo")
     assert "fxcache hit" in log2 and "fxcache miss" not in log2
     assert "continued run" not in log2
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if r.data.tags.get("foxhunt.level") == "pipeline"]
     assert len(parents) == 2 and len({p.data.tags["kfp_run_id"] for p in parents}) == 2
+    assert sorted(p.data.tags["model"] for p in parents) == ["dqn", "ppo"]
     for p in parents:
         tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
         assert len(tasks) == len(json.loads(p.data.params["seeds"]))
         assert all(t.data.tags["foxhunt_run_id"] for t in tasks)
         assert p.info.status == "FINISHED"
+        for t in tasks:
+            model = p.data.tags["model"]
+            assert t.data.tags["model"] == model and f"{model}.lr" in t.data.params
+            assert t.data.params["train.model"] == model
+            kids = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == t.info.run_id]
+            for k in kids:
+                for key in (
+                    "losses/loss",
+                    "losses/grad_norm",
+                    "eval/val_sharpe",
+                    "eval/test_sharpe",
+                    "charts/collect_turnover",
+                    "time/learn_s",
+                ):
+                    assert key in k.data.metrics, (model, key)  # fmt: skip
+    assert (work / "report").glob("*/report.md")
+    ppo_report = max((work / "report").glob("*/report.md"), key=lambda p: p.stat().st_mtime)
+    assert ppo_report.read_text().count("| ES | ppo |") == 2
