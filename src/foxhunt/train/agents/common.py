@@ -8,6 +8,7 @@ precision or capture setting means)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Literal
 
 import torch
@@ -36,6 +37,22 @@ class Observation:
         if n not in self.pad:
             self.pad[n] = torch.zeros(n, IN_DIM - STATE_DIM, device=self.data.device)
         return torch.cat([self.data.observe(t), portfolio, self.pad[n]], 1)
+
+
+def need(cfg, ok: bool, name: str, rule: str) -> None:
+    """Refuse a config value that cannot work, naming the field, its value and the rule."""
+    if not ok:
+        raise ValueError(f"{name} = {getattr(cfg, name)!r}: {rule}")
+
+
+def resolve(cfg, device: torch.device, sizes: dict[str, tuple[int, int]]):
+    """`cfg` with its device-dependent fields filled in: each size left at None takes its
+    (GPU, CPU) default from `sizes`, and precision, capture and compile their runtime values.
+    replace() runs __post_init__, so the filled-in sizes are checked too."""
+    gpu = device.type == "cuda"
+    fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(cfg, k) is None}
+    precision, capture, compile_ = resolve_runtime(device, cfg.precision, cfg.capture, cfg.compile)
+    return dataclasses.replace(cfg, precision=precision, capture=capture, compile=compile_, **fill)
 
 
 def resolve_runtime(
@@ -90,6 +107,60 @@ def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
                 v.zero_()
 
 
+def clip_and_step(flat: torch.Tensor, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
+    """Clip the flat gradient to the global norm `max_norm` (as clip_grad_norm_ does), take the
+    optimiser step; returns the norm before clipping (what losses/grad_norm logs)."""
+    g = flat.grad
+    gn = torch.linalg.vector_norm(g)
+    g.mul_((max_norm / (gn + 1e-6)).clamp(max=1.0))
+    opt.step()
+    return gn
+
+
+def restart(net: torch.nn.Module, init: dict[str, torch.Tensor], zero: list[torch.Tensor],
+            opt: torch.optim.Optimizer) -> None:  # fmt: skip
+    """The network back to its initial weights, the optimiser's state and `zero` to zeros, in
+    place (captured graphs keep their addresses)."""
+    with torch.no_grad():
+        for k, v in net.state_dict().items():
+            v.copy_(init[k])
+        for st in opt.state.values():
+            for v in st.values():
+                if torch.is_tensor(v):
+                    v.zero_()
+        for v in zero:
+            v.zero_()
+
+
+def start_fold(data: MarketData, env, train_lo: int, train_hi: int, envs: int) -> None:
+    """A fold's normaliser fitted on its train range (only there: no look-ahead), and the envs
+    restarted at random bars of that range."""
+    data.fit_normaliser(train_lo, train_hi)
+    env.set_range(train_lo, train_hi)
+    env.reset(torch.rand(envs, device=data.device))
+
+
+def module_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A network's tensors as a checkpoint names them (`net.<name>`), live."""
+    return {f"net.{k}": v for k, v in net.state_dict().items()}
+
+
+def copy_weights(cur: dict[str, torch.Tensor], weights: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for k, v in cur.items():
+            v.copy_(weights[k])
+
+
+def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketData):
+    """The tensors of a resume file every agent has: the envs' positions and clocks, the
+    optimiser's state, the fold's normaliser."""
+    st = {f"opt.{k}": v for k, v in opt.state.get(flat, {}).items() if torch.is_tensor(v)}
+    for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
+        st[f"env.{k}"] = getattr(env, k)
+    st["norm.mean"], st["norm.inv_std"] = data.mean, data.inv_std
+    return st
+
+
 def state_mismatch(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
     """Why `saved` cannot be copied into `cur` (missing keys, other shapes), or None."""
     missing = set(cur) - set(saved)
@@ -108,6 +179,24 @@ def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> 
     with torch.no_grad():
         for k, v in cur.items():
             v.copy_(saved[k].to(v.device))
+
+
+def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, torch.cuda.CUDAGraph]:
+    """Capture an agent's blocks as CUDA graphs. The warm-up and capture runs change the state,
+    so the state (`agent.snapshot()`) and the CUDA RNG are saved before and restored after:
+    training from here on equals eager training. The runs need a valid range even before the
+    first fold is set (it is restored afterwards too)."""
+    dev = agent.device
+    if dev.type != "cuda":
+        raise RuntimeError("CUDA graphs need a CUDA device")
+    saved = agent.snapshot()
+    rng = torch.cuda.get_rng_state(dev)
+    agent.env.set_range(0, agent.data.n)
+    agent.env.reset(torch.rand(agent.cfg.envs, device=dev))
+    graphs = capture_graphs(dev, warmup, blocks)
+    agent.restore(saved)
+    torch.cuda.set_rng_state(rng, dev)
+    return graphs
 
 
 def capture_graphs(

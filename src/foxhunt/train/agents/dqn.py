@@ -35,9 +35,10 @@ moving to another fold only rewrites tensors in place, so the graphs survive it.
 from __future__ import annotations
 
 import copy
+import functools
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -51,13 +52,18 @@ from foxhunt.train.agents.common import (
     Observation,
     Precision,
     autocast,
-    capture_graphs,
+    capture_restoring,
+    clip_and_step,
     copy_state,
+    copy_weights,
     ensure_adam_state,
     flatten_into_views,
-    resolve_runtime,
+    module_weights,
+    resolve,
+    run_state,
     state_mismatch,
 )
+from foxhunt.train.agents.common import need as check
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import (
     DIRECTIONS,
@@ -71,6 +77,14 @@ from foxhunt.train.env import (
 __all__ = ["IN_DIM", "STATE_DIM", "DQNConfig", "QNet", "RainbowAgent", "acting_net"]
 
 N_ACTIONS = len(JOINT)
+# (GPU, CPU) defaults of the sizes left at None: the standard workload on a GPU.
+SIZES_BY_DEVICE = {
+    "envs": (16384, 128),
+    "collect_steps": (100, 64),
+    "learn_steps": (488, 96),
+    "batch_size": (8192, 256),
+    "replay_capacity": (1_000_000, 65_536),
+}
 SUPPORT_QUANTILE = 0.999  # derived support: this quantile of |discounted full-position return|
 SUPPORT_MARGIN = 1.5  # ... times this
 
@@ -157,20 +171,7 @@ class DQNConfig:
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start)."""
 
     def resolved(self, device: torch.device) -> DQNConfig:
-        gpu = device.type == "cuda"
-        sizes = {
-            "envs": (16384, 128),
-            "collect_steps": (100, 64),
-            "learn_steps": (488, 96),
-            "batch_size": (8192, 256),
-            "replay_capacity": (1_000_000, 65_536),
-        }
-        fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
-        precision, capture, compile_ = resolve_runtime(
-            device, self.precision, self.capture, self.compile
-        )
-        # replace() runs __post_init__: the filled-in sizes are checked too
-        return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
+        return resolve(self, device, SIZES_BY_DEVICE)
 
     def __post_init__(self) -> None:
         self.check()
@@ -178,10 +179,7 @@ class DQNConfig:
     def check(self) -> None:
         """Refuse values that cannot work, naming the parameter and its range."""
 
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"{name} = {getattr(self, name)!r}: {rule}")
-
+        need = functools.partial(check, self)
         need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
         need(self.atoms >= 2, "atoms", "must be at least 2")
         for k in ("head_hidden", "iqn_quantiles", "iqn_embedding", "n_step"):
@@ -542,12 +540,10 @@ class RainbowAgent:
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The network and the support its atoms sit on (C51's z, derived per fold)."""
-        return {**{f"net.{k}": v for k, v in self.net.state_dict().items()}, "support.z": self.z}
+        return {**module_weights(self.net), "support.z": self.z}
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for k, v in self.weights().items():
-                v.copy_(weights[k])
+        copy_weights(self.weights(), weights)
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         """PER's importance exponent beta, annealed linearly from per_beta to 1 at the last
@@ -716,10 +712,7 @@ class RainbowAgent:
     def _update(self) -> torch.Tensor:
         """Clip the gradient to the global norm (as clip_grad_norm_), Adam, soft target update.
         Returns the norm before clipping."""
-        g = self.flat.grad
-        gn = torch.linalg.vector_norm(g)
-        g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0))
-        self.opt.step()
+        gn = clip_and_step(self.flat, self.opt, self.cfg.grad_clip)
         with torch.no_grad():
             self.target_flat.lerp_(self.flat, self.cfg.tau)
         return gn
@@ -755,17 +748,8 @@ class RainbowAgent:
 
     # ------------------------------------------------------------------ capture
     def capture(self) -> None:
-        """Capture the collection block and the learning step as CUDA graphs. The warm-up runs
-        they need change the state, so the state is saved before and restored after: training
-        from here on equals eager training."""
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        saved = self.snapshot()
-        rng = torch.cuda.get_rng_state(self.device)
-        # The warm-up steps need a valid range even before the first fold is set (all of it
-        # is restored afterwards).
-        self.env.set_range(0, self.data.n)
-        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+        """Capture the collection block and the learning step as CUDA graphs (the state is
+        restored after the warm-up: training from here on equals eager training)."""
 
         def warmup():
             for _ in range(3):
@@ -773,9 +757,7 @@ class RainbowAgent:
             self._collect_step(self.u_collect[0])
 
         blocks = {"learn": self._learn_step, "collect": self._collect_block}
-        self.graphs.update(capture_graphs(self.device, warmup, blocks))
-        self.restore(saved)
-        torch.cuda.set_rng_state(rng, self.device)
+        self.graphs.update(capture_restoring(self, warmup, blocks))
 
     # ------------------------------------------------------------------ state
     def snapshot(self) -> dict[str, torch.Tensor]:
@@ -793,28 +775,15 @@ class RainbowAgent:
         copy_state(self._state_tensors(), saved)
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
-        st: dict[str, torch.Tensor] = {}
-        for k, v in self.net.state_dict().items():
-            st[f"net.{k}"] = v
-        for k, v in self.target.state_dict().items():
-            st[f"target.{k}"] = v
-        for k, v in self.opt.state.get(self.flat, {}).items():
-            if torch.is_tensor(v):
-                st[f"opt.{k}"] = v
-        r, e = self.replay, self.env
+        st = module_weights(self.net)
+        st |= {f"target.{k}": v for k, v in self.target.state_dict().items()}
+        st |= run_state(self.env, self.opt, self.flat, self.data)
         for k in ("fbuf", "ibuf", "prio", "ptr", "max_prio", "beta"):
-            st[f"replay.{k}"] = getattr(r, k)
-        for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
-            st[f"env.{k}"] = getattr(e, k)
+            st[f"replay.{k}"] = getattr(self.replay, k)
         st["hist.i"], st["hist.s"], st["hist.d"], st["hist.v"] = (
-            self.h_i,
-            self.h_s,
-            self.h_d,
-            self.h_v,
-        )
-        st["support.z"] = self.z
-        st["stats"] = self.stats
-        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
+            self.h_i, self.h_s, self.h_d, self.h_v
+        )  # fmt: skip
+        st["support.z"], st["stats"] = self.z, self.stats
         return st
 
     def ensure_optimizer_state(self) -> None:

@@ -24,9 +24,10 @@ graph, the loss and the optimiser step compiled inside them.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -38,14 +39,21 @@ from foxhunt.train.agents.common import (
     Observation,
     Precision,
     autocast,
-    capture_graphs,
+    capture_restoring,
+    clip_and_step,
     copy_state,
+    copy_weights,
     ensure_adam_state,
     flatten_into_views,
-    resolve_runtime,
+    module_weights,
+    resolve,
+    restart,
+    run_state,
+    start_fold,
     state_mismatch,
 )
-from foxhunt.train.agents.rollout import Rollout, gae
+from foxhunt.train.agents.common import need as check
+from foxhunt.train.agents.rollout import ONPOLICY_SIZES, Rollout, gae
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
 
@@ -109,19 +117,10 @@ class PPOConfig:
     """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
 
     def resolved(self, device: torch.device) -> PPOConfig:
-        gpu = device.type == "cuda"
-        sizes = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
-        fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(self, k) is None}
-        precision, capture, compile_ = resolve_runtime(
-            device, self.precision, self.capture, self.compile
-        )
-        return replace(self, precision=precision, capture=capture, compile=compile_, **fill)
+        return resolve(self, device, ONPOLICY_SIZES)
 
     def __post_init__(self) -> None:
-        def need(ok: bool, name: str, rule: str) -> None:
-            if not ok:
-                raise ValueError(f"{name} = {getattr(self, name)!r}: {rule}")
-
+        need = functools.partial(check, self)
         need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
         for k in ("envs", "rollout_steps", "rounds"):
             need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
@@ -265,19 +264,10 @@ class PPOAgent:
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
         torch.manual_seed(seed)
-        with torch.no_grad():
-            for k, v in self.net.state_dict().items():
-                v.copy_(self.init_state[k])
-            for st in self.opt.state.values():
-                for v in st.values():
-                    if torch.is_tensor(v):
-                        v.zero_()
-            self.stats.zero_()
-            self.lr.fill_(self.cfg.lr)
+        restart(self.net, self.init_state, [self.stats], self.opt)
+        self.lr.fill_(self.cfg.lr)
         self.round = 0
-        self.data.fit_normaliser(train_lo, train_hi)
-        self.env.set_range(train_lo, train_hi)
-        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs)
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         self.total_rounds = epochs * self.rounds
@@ -328,12 +318,8 @@ class PPOAgent:
         return loss, torch.stack([pg, v_loss, ent, kl, clipfrac]).detach()
 
     def _step(self) -> torch.Tensor:
-        """Clip the summed gradient to the global norm, Adam; the norm before clipping."""
-        g = self.flat.grad
-        gn = torch.linalg.vector_norm(g)
-        g.mul_((self.cfg.max_grad_norm / (gn + 1e-6)).clamp(max=1.0))
-        self.opt.step()
-        return gn
+        """Clip the gradient to the global norm, Adam; the norm before clipping."""
+        return clip_and_step(self.flat, self.opt, self.cfg.max_grad_norm)
 
     def _update(self) -> None:
         cfg, roll = self.cfg, self.roll
@@ -407,23 +393,15 @@ class PPOAgent:
         return mode(logits)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {f"net.{k}": v for k, v in self.net.state_dict().items()}
+        return module_weights(self.net)
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        with torch.no_grad():
-            for k, v in self.weights().items():
-                v.copy_(weights[k])
+        copy_weights(self.weights(), weights)
 
     # ------------------------------------------------------------------ capture
     def capture(self) -> None:
-        """The rollout and the whole update as two CUDA graphs; the state is restored after
-        the warm-up and capture runs, so training from here on equals eager training."""
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        saved = self.snapshot()
-        rng = torch.cuda.get_rng_state(self.device)
-        self.env.set_range(0, self.data.n)
-        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+        """The rollout and the whole update as two CUDA graphs (the state is restored after
+        the warm-up: training from here on equals eager training)."""
 
         def warmup():
             self._rollout()
@@ -431,20 +409,12 @@ class PPOAgent:
                 self._update()
 
         blocks = {"rollout": self._rollout, "update": self._update}
-        self.graphs.update(capture_graphs(self.device, warmup, blocks))
-        self.restore(saved)
-        torch.cuda.set_rng_state(rng, self.device)
+        self.graphs.update(capture_restoring(self, warmup, blocks))
 
     # ------------------------------------------------------------------ state
     def _state_tensors(self) -> dict[str, torch.Tensor]:
-        st = {f"net.{k}": v for k, v in self.net.state_dict().items()}
-        for k, v in self.opt.state.get(self.flat, {}).items():
-            if torch.is_tensor(v):
-                st[f"opt.{k}"] = v
-        for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
-            st[f"env.{k}"] = getattr(self.env, k)
+        st = module_weights(self.net) | run_state(self.env, self.opt, self.flat, self.data)
         st["lr"], st["stats"] = self.lr, self.stats
-        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
         return st
 
     def snapshot(self) -> dict[str, torch.Tensor]:

@@ -15,6 +15,10 @@ import torch
 
 from foxhunt.train.env import TradingEnv
 
+# (GPU, CPU) defaults of PPO's and PQN's sizes left at None: 16,384 envs x 32 steps x 4 rounds
+# (2.1 M env steps an epoch, as the DQN's standard epoch collects 1.6 M) on a GPU.
+ONPOLICY_SIZES = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
+
 
 class Rollout:
     """Buffers [T, E] of one rollout, overwritten in place each round (captured graphs keep
