@@ -247,10 +247,12 @@ def test_ofi_l1_carries_the_planted_signal(signal_data, tmp_path):
     n = len(ofi)
     lead = np.corrcoef(ofi, nxt)[0, 1]
     carried = np.corrcoef(ofi, s[:-1][same_day])[0, 1]
-    # OFI of bar t predicts bar t+1 only through the pressure: corr = rho * corr(OFI, s) (the
+    # OFI of bar t predicts bar t+1 only through the pressure, which loads r[t+1] with
+    # kappa * phi + rho (foxhunt.synth.market): corr = (kappa phi + rho) * corr(OFI, s) (the
     # GARCH volatility makes it a little smaller); 4 standard errors of significance
     assert lead > 4 / np.sqrt(n)
-    assert 0.6 * cfg.signal * carried < lead < 1.2 * cfg.signal * carried + 2 / np.sqrt(n)
+    loading = cfg.impact * cfg.persistence + cfg.signal
+    assert 0.6 * loading * carried < lead < 1.2 * loading * carried + 2 / np.sqrt(n)
 
 
 def test_bar_size_is_a_parameter(computed, roll_data, tmp_path):
