@@ -188,6 +188,7 @@ def test_the_model_beside_the_baselines_over_seeds(tmp_path):
     assert model["se"] == pytest.approx(np.std(per_seed, ddof=1) / np.sqrt(3))
     assert ridge["test_sharpe"] == pytest.approx(8.5) and flat["test_sharpe"] == 0.0
     assert model["vs_ridge"] == pytest.approx(np.mean(per_seed) / 8.5)
+    assert model["vs_ridge_cost"] is None  # no cost-aware ridge among these baselines
     md = (tmp_path / "report" / "report.md").read_text()
     assert "ES dqn beside the baselines (costs off)" in md
     assert f"| dqn | {np.mean(per_seed):.2f} ± " in md and "| ridge | 8.50 | 1.00x |" in md

@@ -290,7 +290,8 @@ def comparison(docs: list[dict]) -> list[dict]:
     """Each model's test Sharpe beside the baselines', per symbol and cost setting: the model's
     as the mean over seeds of each seed's mean over folds, with its standard error over seeds;
     a baseline's as its mean over the same folds (it does not depend on the seed, bar random's
-    draws). `vs_ridge` is the ratio to the ridge baseline's where that is positive."""
+    draws). `vs_ridge` and `vs_ridge_cost` are the ratios to the ridge baseline's and to its
+    cost-aware variant's (the one to beat when costs are charged) where those are positive."""
     groups: dict[tuple, list[dict]] = {}
     for d in docs:
         groups.setdefault((d["symbol"], d["model"], costs_label(d)), []).append(d)
@@ -305,9 +306,10 @@ def comparison(docs: list[dict]) -> list[dict]:
             for name in folds[0]["baselines"]:
                 v = float(np.mean([f["baselines"][name]["test"]["sharpe"] for f in folds]))
                 rows.append({"policy": name, "test_sharpe": v, "se": None, "seeds": None})
-        ridge = next((r["test_sharpe"] for r in rows if r["policy"] == "ridge"), None)
-        for r in rows:
-            r["vs_ridge"] = r["test_sharpe"] / ridge if ridge and ridge > 0 else None
+        for ref in ("ridge", "ridge_cost"):
+            v = next((r["test_sharpe"] for r in rows if r["policy"] == ref), None)
+            for r in rows:
+                r[f"vs_{ref}"] = r["test_sharpe"] / v if v and v > 0 else None
         out.append({"symbol": symbol, "model": model, "costs": costs, "rows": rows})
     return out
 
@@ -326,14 +328,18 @@ def _comparison_md(rep: dict) -> list[str]:
             f"Test Sharpe, mean over the folds; {g['model']}'s over {n} seed(s) "
             "(± standard error over seeds).",
             "",
-            "| policy | test Sharpe | of ridge's |",
-            "| --- | --- | --- |",
+            "| policy | test Sharpe | of ridge's | of ridge_cost's |",
+            "| --- | --- | --- | --- |",
         ]
         for r in g["rows"]:
             se = f" ± {r['se']:.2f}" if r["se"] is not None else ""
-            vs = f"{r['vs_ridge']:.2f}x" if r["vs_ridge"] is not None else "n/a"
+            vs = " | ".join(_ratio(r.get(k)) for k in ("vs_ridge", "vs_ridge_cost"))
             lines.append(f"| {r['policy']} | {r['test_sharpe']:.2f}{se} | {vs} |")
     return lines
+
+
+def _ratio(v: float | None) -> str:
+    return f"{v:.2f}x" if v is not None else "n/a"
 
 
 def _finite(v) -> bool:
@@ -451,7 +457,8 @@ def _html(rep: dict, out: Path) -> str:
             "<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in (
                 r["policy"],
                 f"{r['test_sharpe']:.2f}" + (f" ± {r['se']:.2f}" if r["se"] is not None else ""),
-                f"{r['vs_ridge']:.2f}x" if r["vs_ridge"] is not None else "n/a",
+                _ratio(r.get("vs_ridge")),
+                _ratio(r.get("vs_ridge_cost")),
             )) + "</tr>"
             for r in g["rows"]
         )  # fmt: skip
@@ -459,7 +466,8 @@ def _html(rep: dict, out: Path) -> str:
             f"<h2>{html.escape(title)}</h2>",
             f"<p>Test Sharpe, mean over the folds; {html.escape(g['model'])}'s over "
             f"{g['rows'][0]['seeds']} seed(s), ± standard error over seeds.</p>",
-            "<table><thead><tr><th>policy</th><th>test Sharpe</th><th>of ridge's</th></tr>"
+            "<table><thead><tr><th>policy</th><th>test Sharpe</th><th>of ridge's</th>"
+            "<th>of ridge_cost's</th></tr>"
             f"</thead><tbody>{cells}</tbody></table>",
         ]
     body.append("<h2>Equity curves (test ranges)</h2>")
