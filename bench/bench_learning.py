@@ -117,7 +117,8 @@ def model_configs(sizes: str, sets: list[str]) -> dict:
     """Each model's config at the chosen sizes, with --set fields applied: `model.field=value`
     for one model, `field=value` for every model that has the field."""
     if sizes == "demo":
-        cfgs = {"dqn": demo.DQN, "ppo": demo.PPO, "pqn": demo.PQN}
+        cfgs = {"dqn": demo.DQN, "ppo": demo.PPO, "pqn": demo.PQN, "tlob": demo.TLOB,
+                "cfc": demo.CFC}  # fmt: skip
     else:
         cfgs = {m: AGENTS[m].load()[0]() for m in AGENTS}
     for kv in sets:

@@ -52,6 +52,8 @@ def demo_params() -> dict:
                 "dqn": changed(demo.DQN),
                 "ppo": changed(demo.PPO),
                 "pqn": changed(demo.PQN),
+                "tlob": changed(demo.TLOB),
+                "cfc": changed(demo.CFC),
                 "env": {"episode_bars": e.episode_bars},
                 "train": {"eval_segments": demo.EVAL_SEGMENTS},
             }
@@ -65,7 +67,7 @@ class SubmitError(RuntimeError):
 
 # Values a parameter may take where its type alone does not say (the Literal types of FoldSpec
 # and TrainConfig; a test keeps them equal).
-CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn", "ppo", "pqn")}
+CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn", "ppo", "pqn", "tlob", "cfc")}
 _JSON_TYPES = {
     "Integer": (int,),
     "Float": (int, float),

@@ -57,6 +57,8 @@ from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
 from foxhunt.train.metrics import periods_per_year, trading_metrics
+from foxhunt.train.models.cfc import CfCConfig
+from foxhunt.train.models.tlob import TLOBConfig
 from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
 
 log = logging.getLogger(__name__)
@@ -77,10 +79,11 @@ class TrainConfig:
     """Folds file written by `foxhunt folds` (it names the fxcache key)."""
     cache: Path = Path("data/fxcache")
     """Cache root (or the cache directory itself)."""
-    model: Literal["dqn", "ppo", "pqn"] = "dqn"
+    model: Literal["dqn", "ppo", "pqn", "tlob", "cfc"] = "dqn"
     """Agent: dqn (Rainbow DQN over the joint actions), ppo (PPO, factorised policy over the
-    branches) or pqn (Q(lambda) on PPO's rollouts, no replay). Its settings: --dqn.*, --ppo.*,
-    --pqn.*."""
+    branches), pqn (Q(lambda) on PPO's rollouts, no replay), or a supervised sequence model
+    trading its direction forecasts: tlob (dual-attention transformer), cfc (liquid / CfC).
+    Its settings: --dqn.*, --ppo.*, --pqn.*, --tlob.*, --cfc.*."""
     epochs: int = 10
     """Epochs per fold; the best by val Sharpe is kept."""
     seed: int = 0
@@ -119,6 +122,10 @@ class TrainConfig:
     """PPO hyperparameters (model ppo)."""
     pqn: PQNConfig = field(default_factory=PQNConfig)
     """PQN hyperparameters (model pqn)."""
+    tlob: TLOBConfig = field(default_factory=TLOBConfig)
+    """TLOB and supervised-path settings (model tlob)."""
+    cfc: CfCConfig = field(default_factory=CfCConfig)
+    """CfC and supervised-path settings (model cfc)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -491,6 +498,10 @@ def _train_folds(
     base_eval = Evaluator(cfg.env, data, max(segments, 64)) if cfg.baselines else None
 
     greedy = agent.greedy
+    # Optional parts of the interface (supervised models): predict a range before it is
+    # traded, and classification metrics beside the trading ones.
+    prepare = getattr(agent, "prepare_eval", None)
+    extra = getattr(agent, "extra_metrics", None)
 
     if state is not None:
         if state.get("digest") != digest:
@@ -587,11 +598,15 @@ def _train_folds(
                 clock.mark("collect")
                 agent.learn()
                 clock.mark("learn")
+            if prepare is not None:
+                prepare(*ranges["val"])  # a supervised model predicts the range at once
             val_r, val_tr = evaluator.run(greedy, *ranges["val"], graph=True)
             clock.mark("eval")
             times = clock.read()
             stats = agent.read_stats()
             val = trading_metrics(val_r, val_tr, ppy, evaluator.last_positions)
+            if extra is not None:
+                val |= extra(*ranges["val"])
             check_finite(stats, val, k, epoch)
             metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
             metrics |= {f"time/{p}_s": s for p, s in times.items()}
@@ -638,8 +653,12 @@ def _train_folds(
         # The best epoch, once on the test range; and a random policy for scale.
         live = {n: v.clone() for n, v in agent.weights().items()}
         agent.load_weights(best_weights)
+        if prepare is not None:
+            prepare(*ranges["test"])
         test_r, test_tr = evaluator.run(greedy, *ranges["test"], graph=True)
         test = trading_metrics(test_r, test_tr, ppy, evaluator.last_positions)
+        if extra is not None:
+            test |= extra(*ranges["test"])
         lo, hi = ranges["test"]
         np.savez(
             run_dir / f"fold-{k}" / "test_returns.npz",

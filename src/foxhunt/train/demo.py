@@ -16,6 +16,8 @@ from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.ppo import PPOConfig
 from foxhunt.train.agents.pqn import PQNConfig
 from foxhunt.train.env import EnvConfig
+from foxhunt.train.models.cfc import CfCConfig
+from foxhunt.train.models.tlob import TLOBConfig
 
 EPOCHS = 8
 EVAL_SEGMENTS = 16
@@ -27,3 +29,6 @@ DQN = DQNConfig(
 )  # fmt: skip
 PPO = PPOConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8)
 PQN = PQNConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8)
+# The supervised models at CPU sizes: windows of 32 bars, 2 layer pairs / 32 units.
+TLOB = TLOBConfig(window=32, hidden=32, layers=2)
+CFC = CfCConfig(window=32, units=32, backbone_units=64)

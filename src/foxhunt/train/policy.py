@@ -9,6 +9,11 @@ does. `foxhunt.train.mlflow_model` wraps it as an MLflow model.
 
     policy = Policy.load("data/runs/<run>/<task>/fold-0/best.safetensors")
     actions = policy.act(market, portfolio)      # [n, 50], [n, 3] -> [n, 3] branch indices
+
+An agent's rows are independent states. A supervised model (tlob, cfc) reads windows: its rows
+are consecutive bars in time order, and the action of row i comes from the window of the
+`window` rows ending at i (rows before the first repeat it, as training does at the start of the
+data); its orders follow the trainer's rule (up long, down short, flat holds the position).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from foxhunt.train.agents import AGENTS, policy_module
+from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
 from foxhunt.train.agents.common import IN_DIM, STATE_DIM
 from foxhunt.train.data import CLIP, N_MKT
 from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
@@ -61,8 +66,18 @@ class Policy:
                 f"{tuple(x.shape)} and {tuple(p.shape)}"
             )
         obs = ((x - self.mean) * self.inv_std).clamp(-CLIP, CLIP)
+        if self.model in SUPERVISED:
+            return self._act_supervised(obs, p).numpy()
         state = torch.cat([obs, p, x.new_zeros(len(x), IN_DIM - STATE_DIM)], 1)
         return self._act(state).numpy()
+
+    def _act_supervised(self, obs: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        from foxhunt.train.agents.supervised import order_from_forecast
+
+        L = self.cfg.window
+        idx = (torch.arange(len(obs))[:, None] - torch.arange(L - 1, -1, -1)).clamp_min(0)
+        probs = self._act(obs[idx])  # [n, L, 50] -> [n, 3]
+        return order_from_forecast(probs, portfolio, self.cfg.flat, self.cfg.sizing)
 
     @staticmethod
     def describe(actions: np.ndarray) -> dict[str, list]:

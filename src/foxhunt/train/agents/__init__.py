@@ -3,6 +3,11 @@
     dqn   Rainbow DQN over the env's 30 joint actions, prioritised replay (agents/dqn.py)
     ppo   PPO with GAE and a factorised categorical policy over the three branches (agents/ppo.py)
     pqn   PQN: Q(lambda) on the PPO rollout path, no replay, no target network (agents/pqn.py)
+    tlob  TLOB, a dual-attention transformer, trained supervised (models/tlob.py)
+    cfc   CfC, a closed-form continuous-time (liquid) network, trained supervised (models/cfc.py)
+
+The supervised models share one agent (agents/supervised.py: windows, labels, the optimiser,
+the policy that trades their predictions); each model file holds its network and config.
 
 The training loop (foxhunt.train.core) builds an agent once per task and drives it through the
 `Agent` protocol below; it never looks inside. A new agent is a new file with a config dataclass
@@ -75,6 +80,10 @@ class Agent(Protocol):
     def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
         """Why `saved` does not fit this agent (another version's layout), or None."""
 
+    # Optional (the supervised models have them; the loop calls them where they exist):
+    #   prepare_eval(lo, hi): predict every bar of a range before the evaluator trades it;
+    #   extra_metrics(lo, hi) -> dict: metrics of the range beside the trading ones.
+
 
 @dataclass(frozen=True)
 class AgentSpec:
@@ -94,7 +103,10 @@ AGENTS: dict[str, AgentSpec] = {
     "dqn": AgentSpec("foxhunt.train.agents.dqn", "DQNConfig", "RainbowAgent"),
     "ppo": AgentSpec("foxhunt.train.agents.ppo", "PPOConfig", "PPOAgent"),
     "pqn": AgentSpec("foxhunt.train.agents.pqn", "PQNConfig", "PQNAgent"),
+    "tlob": AgentSpec("foxhunt.train.models.tlob", "TLOBConfig", "SupervisedAgent"),
+    "cfc": AgentSpec("foxhunt.train.models.cfc", "CfCConfig", "SupervisedAgent"),
 }
+SUPERVISED = ("tlob", "cfc")  # models that predict windows rather than act on states
 
 
 def agent_class(model: str) -> type:

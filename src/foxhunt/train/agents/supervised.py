@@ -1,0 +1,410 @@
+"""The supervised path: a sequence model (foxhunt.train.models) trained on windows of the
+resident fxcache to predict the direction of the next `horizon` bars, and traded through the
+same env, evaluation and metrics as the agents.
+
+Samples. The window of bar t is the last `window` bars of the 50 observable columns ending at
+t, normalised on the fold's train range (`MarketData.observe`), gathered on the device by index
+arithmetic from the tensors uploaded once: no per-sample copies, no DataLoader. A window may
+reach back before the range it belongs to (those bars are in the past); never forward.
+
+Labels. r_h[t] = close[t + h] / close[t] - 1, from the per-bar returns in float64. The class of
+bar t is down (r_h < -theta), flat or up (r_h > theta), the FI-2010 and TLOB convention, with
+theta the 1/3 quantile of |r_h| over the fold's train samples: flat is a third of them, and up
+and down share the rest (evenly but for the range's drift; a symmetric threshold keeps "up" a
+rise and "down" a fall). Only bars whose label ends inside the range are samples of it
+(t + h <= end - 1): no label crosses into the next range, whatever the folds' purge.
+
+Training. AdamW on one flat parameter buffer; a learning rate held as a device tensor, warmed
+up linearly over the first `warmup` of the fold's steps, then cosine to 0; cross-entropy in
+float32 on bf16 autocast logits; the global gradient norm clipped, the norm before clipping
+logged; minibatches shuffled on the device. On a GPU the training step is one CUDA graph.
+
+Trading. Before each evaluation the model predicts every bar of the range at once (under
+`torch.inference_mode`); the policy then reads its prediction: long on up, short on down, and
+on flat it keeps the position it holds (`flat = "hold"`, the cost-aware reading: a small expected
+move is no reason to pay for a trade) or closes it (`"flat"`); full size, or sized by the
+predicted class's probability (`sizing = "confidence"`); market orders. Classification metrics
+of the range (accuracy, macro F1, per-class precision and recall, the confusion matrix) come
+beside the trading metrics.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from foxhunt.train.agents.common import (
+    Capture,
+    Precision,
+    autocast,
+    capture_graphs,
+    clip_and_step,
+    copy_state,
+    copy_weights,
+    ensure_adam_state,
+    flatten_into_views,
+    module_weights,
+    resolve,
+    state_mismatch,
+)
+from foxhunt.train.data import N_MKT, MarketData
+from foxhunt.train.env import DIRECTIONS, SIZES, EnvConfig
+
+CLASSES = ("down", "flat", "up")
+FLAT = DIRECTIONS.index(0.0)
+STATS = ("loss", "grad_norm", "accuracy", "steps", "lr")
+SIZES_BY_DEVICE = {"batch_size": (1024, 256)}
+PREDICT_BATCH = 2048
+
+
+@dataclass(frozen=True)
+class SupervisedConfig:
+    """The supervised path's settings; each model's config (foxhunt.train.models) adds its
+    network's sizes and `build`."""
+
+    window: int = 128
+    """Bars per sample window (L)."""
+    horizon: int = 10
+    """Bars the label's return runs over (h)."""
+    batch_size: int | None = None
+    """Samples per optimiser step (default: 1024 on a GPU, 256 on a CPU)."""
+    steps: int | None = None
+    """Optimiser steps per epoch (default: one pass over the fold's train samples)."""
+    lr: float = 1e-3
+    """AdamW's peak learning rate."""
+    weight_decay: float = 0.01
+    """AdamW's decoupled weight decay."""
+    warmup: float = 0.05
+    """Fraction of the fold's steps over which the learning rate rises linearly to `lr`."""
+    grad_clip: float = 1.0
+    """Global gradient-norm clip."""
+    flat: Literal["hold", "flat"] = "hold"
+    """What a flat prediction does: keep the position held, or close it."""
+    sizing: Literal["full", "confidence"] = "full"
+    """Position size: full, or the predicted class's probability mapped onto the env's sizes."""
+    precision: Precision = "auto"
+    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
+    capture: Capture = "auto"
+    """A CUDA graph for the training step (auto: on CUDA)."""
+    compile: bool | None = None
+    """torch.compile the loss (default: on with graphs)."""
+
+    def __post_init__(self) -> None:
+        for k in ("window", "horizon"):
+            if getattr(self, k) < 1:
+                raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
+        for k in ("batch_size", "steps"):
+            if getattr(self, k) is not None and getattr(self, k) < 1:
+                raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
+        for k in ("lr", "grad_clip"):
+            if not (getattr(self, k) > 0 and math.isfinite(getattr(self, k))):
+                raise ValueError(f"{k} = {getattr(self, k)}: must be > 0")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay = {self.weight_decay}: must not be negative")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ValueError(f"warmup = {self.warmup}: must be in [0, 1)")
+
+    def resolved(self, device: torch.device):
+        return resolve(self, device, SIZES_BY_DEVICE)
+
+    def build(self, features: int = N_MKT) -> nn.Module:
+        raise NotImplementedError(f"{type(self).__name__} builds no network")
+
+
+# ---------------------------------------------------------------------------------- samples
+def windows(data: MarketData, t: torch.Tensor, length: int) -> torch.Tensor:
+    """[len(t), length, 50]: the normalised columns of bars t - length + 1 .. t (indices below 0,
+    at the start of the data, repeat bar 0)."""
+    offs = torch.arange(length - 1, -1, -1, device=t.device)
+    idx = (t[:, None] - offs).clamp_min(0)
+    return data.observe(idx.reshape(-1)).view(len(t), length, -1)
+
+
+def horizon_returns(data: MarketData, h: int) -> torch.Tensor:
+    """r_h[t] = close[t + h] / close[t] - 1 [N] in float32, from the per-bar returns summed in
+    float64 (0 where t + h runs past the data)."""
+    logc = torch.cumsum(torch.log1p(data.ret1.double()), 0)  # log close[t + 1] / close[0]
+    logc = torch.cat([logc.new_zeros(1), logc[:-1]])  # log close[t] / close[0]
+    out = torch.zeros(data.n, dtype=torch.float64, device=data.device)
+    out[: data.n - h] = torch.expm1(logc[h:] - logc[: data.n - h])
+    return out.float()
+
+
+def sample_bars(lo: int, hi: int, horizon: int) -> tuple[int, int]:
+    """The bars of range [lo, hi) that are samples: their label ends inside the range."""
+    return lo, max(lo, hi - horizon)
+
+
+def label(r: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+    """0 down, 1 flat, 2 up."""
+    return torch.where(r > theta, 2, torch.where(r < -theta, 0, 1))
+
+
+def classification_metrics(pred: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
+    """Accuracy, macro F1, each class's precision and recall, the confusion matrix (rows: the
+    true class, columns: the predicted one) of integer classes 0..2."""
+    cm = torch.bincount(truth * 3 + pred, minlength=9).view(3, 3).double()
+    tp = cm.diagonal()
+    prec = tp / cm.sum(0).clamp_min(1)
+    rec = tp / cm.sum(1).clamp_min(1)
+    f1 = torch.where(prec + rec > 0, 2 * prec * rec / (prec + rec).clamp_min(1e-12), 0.0)
+    out = {"accuracy": float(tp.sum() / cm.sum().clamp_min(1)), "macro_f1": float(f1.mean())}
+    for i, c in enumerate(CLASSES):
+        out[f"precision_{c}"] = float(prec[i])
+        out[f"recall_{c}"] = float(rec[i])
+    out |= {f"confusion_{a}_{b}": float(cm[i, j]) for i, a in enumerate(CLASSES)
+            for j, b in enumerate(CLASSES)}  # fmt: skip
+    return out
+
+
+def forecast_size(probs: torch.Tensor, sizing: str) -> torch.Tensor:
+    """Size indices [n] for class probabilities [n, 3]: full, or the predicted class's
+    probability (1/3 .. 1) mapped linearly onto the env's sizes (0.2 .. 1)."""
+    if sizing != "confidence":
+        return torch.full_like(probs[:, 0], len(SIZES) - 1, dtype=torch.long)
+    conf = probs.max(-1).values
+    return ((conf - 1.0 / 3.0) * 1.5 * len(SIZES)).long().clamp(0, len(SIZES) - 1)
+
+
+def orders(cls: torch.Tensor, size: torch.Tensor, portfolio: torch.Tensor, flat: str):
+    """Branch actions [n, 3] for predicted classes: up -> long, down -> short (the classes are
+    ordered as the env's directions), flat -> keep the held position's sign ("hold") or close
+    it ("flat"); market orders."""
+    direction = cls
+    if flat == "hold":
+        held = torch.sign(portfolio[:, 0]).long() + FLAT
+        direction = torch.where(cls == FLAT, held, cls)
+    return torch.stack([direction, size, torch.zeros_like(size)], 1)
+
+
+def order_from_forecast(probs, portfolio, flat: str, sizing: str) -> torch.Tensor:
+    """`orders` straight from class probabilities [n, 3] (a served checkpoint)."""
+    return orders(probs.argmax(-1), forecast_size(probs, sizing), portfolio, flat)
+
+
+def warmup_cosine(frac: torch.Tensor, warmup: float) -> torch.Tensor:
+    """The learning-rate factor at fraction `frac` of the fold's steps: linear to 1 over
+    `warmup`, then cosine to 0."""
+    rise = (frac / warmup).clamp(max=1.0) if warmup > 0 else torch.ones_like(frac)
+    decay = ((frac - warmup) / (1.0 - warmup)).clamp(0.0, 1.0)
+    return rise * 0.5 * (1.0 + torch.cos(math.pi * decay))
+
+
+# ---------------------------------------------------------------------------------- agent
+class SupervisedAgent:
+    """The trainer's state for one task: the network, AdamW, labels, samples and the
+    predictions the policy reads. Built once per task, reset in place per fold."""
+
+    def __init__(self, cfg: SupervisedConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
+        dev = data.device
+        self.cfg = cfg = cfg.resolved(dev)
+        self.data, self.device = data, dev
+        torch.manual_seed(seed)
+        self.net = cfg.build(N_MKT).to(dev)
+        self.params = [p for p in self.net.parameters() if p.requires_grad]
+        self.flat = flatten_into_views(self.params)
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.lr = torch.full((), cfg.lr, device=dev)
+        self.opt = torch.optim.AdamW(
+            [self.flat], lr=self.lr, weight_decay=cfg.weight_decay, capturable=dev.type == "cuda",
+            foreach=False,
+        )  # fmt: skip
+        n = data.n
+        self.ret_h = horizon_returns(data, cfg.horizon)
+        self.labels = torch.ones(n, dtype=torch.long, device=dev)  # set per fold
+        self.theta = torch.zeros((), device=dev)
+        self.train_t = torch.zeros(n, dtype=torch.long, device=dev)  # the fold's samples
+        self.n_train = torch.zeros((), dtype=torch.long, device=dev)
+        self.batch_t = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
+        self.step_i = torch.zeros((), device=dev)  # optimiser steps taken in this fold
+        self.total = torch.ones((), device=dev)  # steps the fold will take
+        self.pred = torch.full((n,), 1, dtype=torch.long, device=dev)  # predicted class per bar
+        self.size = torch.full((n,), len(SIZES) - 1, dtype=torch.long, device=dev)
+        self.stats = torch.zeros(len(STATS), device=dev)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.rounds = 1
+        self.samples = 0  # host copy of n_train
+        if cfg.compile:
+            self._loss = torch.compile(self._loss, dynamic=False)
+        ensure_adam_state(self.opt, self.flat)
+
+    def _autocast(self):
+        return autocast(self.cfg.precision, self.device)
+
+    # ------------------------------------------------------------------ fold
+    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
+        """Fresh weights and optimiser; the normaliser, the label threshold and the samples of
+        this fold's train range (fitted there only)."""
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for k, v in self.net.state_dict().items():
+                v.copy_(self.init_state[k])
+            for st in self.opt.state.values():
+                for v in st.values():
+                    if torch.is_tensor(v):
+                        v.zero_()
+            self.stats.zero_()
+            self.step_i.zero_()
+        self.data.fit_normaliser(train_lo, train_hi)
+        a, b = sample_bars(train_lo, train_hi, self.cfg.horizon)
+        if b - a < self.cfg.batch_size:
+            raise ValueError(
+                f"train range [{train_lo}, {train_hi}) holds {b - a} samples at horizon "
+                f"{self.cfg.horizon}, fewer than one batch of {self.cfg.batch_size}"
+            )
+        r = self.ret_h[a:b]
+        self.theta.copy_(torch.quantile(r.abs().double(), 1.0 / 3.0).float())
+        self.labels.copy_(label(self.ret_h, self.theta))
+        self.train_t[: b - a].copy_(torch.arange(a, b, device=self.device))
+        self.n_train.fill_(b - a)
+        self.samples = b - a
+
+    def steps_per_epoch(self) -> int:
+        return self.cfg.steps or max(1, self.samples // self.cfg.batch_size)
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        self.total.fill_(epochs * self.steps_per_epoch())
+
+    # ------------------------------------------------------------------ train
+    def collect(self) -> None:
+        """Nothing to collect: the samples are the fxcache's bars."""
+
+    def _loss(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        with self._autocast():
+            logits = self.net(windows(self.data, t, self.cfg.window))
+        y = self.labels.index_select(0, t)
+        loss = F.cross_entropy(logits.float(), y)
+        acc = (logits.argmax(-1) == y).float().mean()
+        return loss, acc.detach()
+
+    def _step(self) -> None:
+        cfg = self.cfg
+        self.lr.copy_(cfg.lr * warmup_cosine(self.step_i / self.total, cfg.warmup))
+        for p in self.params:
+            p.grad = None
+        loss, acc = self._loss(self.batch_t)
+        loss.backward()
+        self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        gn = clip_and_step(self.flat, self.opt, cfg.grad_clip)
+        with torch.no_grad():
+            self.step_i += 1
+            self.stats += torch.stack([loss.detach(), gn, acc, torch.ones_like(gn), self.lr])
+
+    def learn(self) -> None:
+        """One epoch: `steps_per_epoch` minibatches, a fresh permutation of the fold's samples
+        for every pass over them (drawn on the device)."""
+        B, per_pass = self.cfg.batch_size, max(1, self.samples // self.cfg.batch_size)
+        g = self.graphs.get("step")
+        perm = None
+        for k in range(self.steps_per_epoch()):
+            j = k % per_pass
+            if j == 0:
+                perm = torch.rand(self.samples, device=self.device).argsort()
+            self.batch_t.copy_(self.train_t.index_select(0, perm[j * B : (j + 1) * B]))
+            if g is not None:
+                g.replay()
+            else:
+                self._step()
+
+    def read_stats(self) -> dict[str, float]:
+        v = self.stats.tolist()
+        self.stats.zero_()
+        k = max(v[3], 1.0)
+        return {
+            "losses/loss": v[0] / k,
+            "losses/grad_norm": v[1] / k,
+            "charts/train_accuracy": v[2] / k,
+            "charts/lr": v[4] / k,
+            "charts/label_threshold_bps": float(self.theta) * 1e4,
+        }
+
+    # ------------------------------------------------------------------ evaluate
+    @torch.inference_mode()
+    def prepare_eval(self, lo: int, hi: int) -> None:
+        """Predict every bar of [lo, hi) at once: the class and the size the policy reads."""
+        cfg = self.cfg
+        for a in range(lo, hi, PREDICT_BATCH):
+            t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
+            with self._autocast():
+                logits = self.net(windows(self.data, t, cfg.window))
+            p = torch.softmax(logits.float(), -1)
+            self.pred[t] = p.argmax(-1)
+            self.size[t] = forecast_size(p, cfg.sizing)
+
+    def extra_metrics(self, lo: int, hi: int) -> dict[str, float]:
+        """Classification metrics of the range's samples (after `prepare_eval`)."""
+        a, b = sample_bars(lo, hi, self.cfg.horizon)
+        return classification_metrics(self.pred[a:b], self.labels[a:b])
+
+    def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        """Branch actions from the predictions (`orders`); graph-safe table reads."""
+        return orders(self.pred.index_select(0, t), self.size.index_select(0, t), portfolio,
+                      self.cfg.flat)  # fmt: skip
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return module_weights(self.net)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        copy_weights(self.weights(), weights)
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """The training step as a CUDA graph (state and RNG restored after the warm-up)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        saved = self.snapshot()
+        rng = torch.cuda.get_rng_state(self.device)
+        self.batch_t.copy_(torch.arange(self.cfg.batch_size, device=self.device))
+
+        def warmup():
+            for _ in range(3):
+                self._step()
+
+        self.graphs.update(capture_graphs(self.device, warmup, {"step": self._step}))
+        self.restore(saved)
+        torch.cuda.set_rng_state(rng, self.device)
+
+    # ------------------------------------------------------------------ state
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        st = module_weights(self.net)
+        st |= {f"opt.{k}": v for k, v in self.opt.state.get(self.flat, {}).items()
+               if torch.is_tensor(v)}  # fmt: skip
+        st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
+        for k in ("labels", "theta", "train_t", "n_train", "step_i", "total", "lr", "stats"):
+            st[k] = getattr(self, k)
+        return st
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().clone() for k, v in self._state_tensors().items()}
+
+    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        return state_mismatch(self._state_tensors(), saved)
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        copy_state(self._state_tensors(), saved)
+        self.samples = int(self.n_train)
+
+
+# ---------------------------------------------------------------------------------- serving
+def acting_net(cfg: SupervisedConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's network on the CPU: windows [n, window, 50] -> class probabilities [n, 3]
+    (down, flat, up). A served supervised model predicts; turning a prediction into an order
+    depends on the position held (`SupervisedAgent.greedy`)."""
+    net = cfg.build(N_MKT)
+    net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+    net.eval()
+
+    def predict(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode():
+            return torch.softmax(net(x).float(), -1)
+
+    return predict
+
+
+def config_fields(cls) -> set[str]:
+    return {f.name for f in fields(cls)}

@@ -1,0 +1,11 @@
+"""Supervised sequence models, one file each: the network and its config.
+
+    tlob   TLOB (Berti and Kasneci 2025): dual attention over time and over features (tlob.py)
+    cfc    Liquid / closed-form continuous-time network (Hasani et al. 2022) (cfc.py)
+
+Each config extends `foxhunt.train.agents.supervised.SupervisedConfig` (windows, labels,
+optimiser, schedule) with the network's own sizes and builds the network (`build`). One agent,
+`SupervisedAgent`, trains any of them through the loop every agent shares
+(foxhunt.train.core): windows of the resident fxcache gathered on the device, direction labels
+with a threshold fitted on the train range, trading through the same env and metrics.
+"""
