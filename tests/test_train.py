@@ -71,6 +71,50 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert not other.resumed
 
 
+def test_early_stopping_ends_a_fold_after_patience_epochs_without_a_better_val(
+    demo_es, tmp_path, monkeypatch
+):
+    """With patience 2 and val Sharpe ratios 1, 3, 2, 2.5, 4, ... the fold trains epochs 0-3
+    and stops (epoch 1 was the best, 2 and 3 did not improve on it), the best epoch is tested;
+    a task killed at epoch 2 and resumed stops at the same place."""
+    from foxhunt.train import core
+
+    real = core.trading_metrics
+    script = [1.0, 3.0, 2.0, 2.5, 4.0, 5.0, 6.0, 7.0]
+
+    def scripted(r, tr, ppy, positions=None):
+        m = real(r, tr, ppy, positions)
+        if positions is not None and len(r) == scripted.val_bars and scripted.n < len(script):
+            m["sharpe"] = script[scripted.n]
+            scripted.n += 1
+        return m
+
+    monkeypatch.setattr(core, "trading_metrics", scripted)
+    folds = json.loads(demo_es[1].read_text())["folds"]
+    scripted.val_bars = folds[0]["val_end"] - folds[0]["val_start"] - 1
+    epochs = []
+
+    def count(fold, epoch):
+        epochs.append(epoch)
+
+    cfg = tiny_cfg(demo_es, tmp_path / "a", epochs=8, patience=2, fold_ids=(0,))
+    scripted.n = 0
+    res = run_train(cfg, NullLogger(), on_epoch_end=count)
+    assert epochs == [0, 1, 2, 3] and res.folds[0]["best_epoch"] == 1
+
+    def kill(fold, epoch):
+        if epoch == 2:
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "b", epochs=8, patience=2, fold_ids=(0,))
+    scripted.n = 0
+    with pytest.raises(Killed):
+        run_train(cfg, NullLogger(), on_epoch_end=kill)
+    epochs.clear()
+    resumed = run_train(cfg, NullLogger(), on_epoch_end=count)
+    assert resumed.resumed and epochs == [3] and resumed.folds[0]["best_epoch"] == 1
+
+
 def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, monkeypatch):
     """Results are keyed by the run, not by the configuration alone: a second run with the
     same parameters but changed code computes new numbers under new MLflow runs."""

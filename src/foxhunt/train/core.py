@@ -101,6 +101,9 @@ class TrainConfig:
     resume: bool = True
     """Continue from the run directory's resume file when the same code wrote it for this
     configuration (a retry); --no-resume trains afresh even then."""
+    patience: int = 0
+    """Early stopping: end a fold's training when its val Sharpe has not improved for this many
+    epochs (0: train every epoch). The best epoch is what is tested either way."""
     eval_segments: int | None = None
     """Pieces the val/test range is evaluated in, in parallel (default: 1024 on a GPU, 16 on a
     CPU; 1 is one sequential walk)."""
@@ -132,6 +135,8 @@ class TrainConfig:
             raise ValueError(f"epochs = {self.epochs}: must be at least 1")
         if self.seed < 0:
             raise ValueError(f"seed = {self.seed}: must not be negative")
+        if self.patience < 0:
+            raise ValueError(f"patience = {self.patience}: must not be negative")
         if self.eval_segments is not None and self.eval_segments < 1:
             raise ValueError(f"eval_segments = {self.eval_segments}: must be at least 1")
 
@@ -591,6 +596,12 @@ def _train_folds(
             logger.log_metrics({"time/fold_reset_ms": reset_s * 1e3}, step=0)
 
         for epoch in range(first_epoch, cfg.epochs):
+            # Early stopping, decided from the epochs done (so a resumed fold stops where an
+            # uninterrupted one did).
+            if cfg.patience and epoch - 1 - best["epoch"] >= cfg.patience:
+                log.info("fold %d: val Sharpe not improved for %d epochs; stopping at epoch %d",
+                         k, cfg.patience, epoch)  # fmt: skip
+                break
             agent.begin_epoch(epoch, cfg.epochs)
             clock.mark("start")
             for _ in range(agent.rounds):  # DQN: one round; PPO, PQN: rollouts and updates

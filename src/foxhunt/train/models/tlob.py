@@ -31,7 +31,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train.agents.supervised import SupervisedAgent, SupervisedConfig, acting_net
+from foxhunt.train.agents.common import resolve
+from foxhunt.train.agents.supervised import (
+    SIZES_BY_DEVICE,
+    SupervisedAgent,
+    SupervisedConfig,
+    acting_net,
+)
 from foxhunt.train.data import N_MKT
 
 __all__ = ["TLOB", "SupervisedAgent", "TLOBConfig", "acting_net"]
@@ -41,8 +47,9 @@ __all__ = ["TLOB", "SupervisedAgent", "TLOBConfig", "acting_net"]
 class TLOBConfig(SupervisedConfig):
     """TLOB's sizes, beside the supervised path's settings (window, horizon, optimiser)."""
 
-    hidden: int = 40
-    """Width of a bar's embedding (the reference configuration's 40)."""
+    hidden: int | None = None
+    """Width of a bar's embedding (default: 64 on a GPU, a multiple of 64 for the tensor cores;
+    the reference configuration's 40 on a CPU)."""
     layers: int = 4
     """Pairs of transformer layers (over time, then over features)."""
     heads: int = 1
@@ -50,19 +57,24 @@ class TLOBConfig(SupervisedConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for k in ("hidden", "layers", "heads"):
+        for k in ("layers", "heads"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
         for k in ("hidden", "window"):
+            if getattr(self, k) is None:
+                continue
             if getattr(self, k) % 4 or getattr(self, k) < 8:
                 raise ValueError(
                     f"{k} = {getattr(self, k)}: must be a multiple of 4 and at least 8 (the last "
                     "layer pair narrows it by 4)"
                 )
-        if self.hidden % 2:
-            raise ValueError(f"hidden = {self.hidden}: must be even (sinusoidal positions)")
+
+    def resolved(self, device):
+        return resolve(self, device, SIZES_BY_DEVICE | {"hidden": (64, 40)})
 
     def build(self, features: int = N_MKT) -> TLOB:
+        if self.hidden is None:
+            raise ValueError("TLOBConfig.build needs a resolved config (hidden is None)")
         return TLOB(features, self.window, self.hidden, self.layers, self.heads)
 
 
