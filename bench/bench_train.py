@@ -23,8 +23,11 @@ give the same numbers (tests/test_train_gpu.py). Prints a table; JSON to $OUT or
 
 A variant may start with the model: `ppo-...` and `pqn-...` time PPO and PQN at their GPU
 defaults (E = 16,384 envs, rollouts of 32 steps, 4 rounds an epoch; PPO 4 update epochs x 4
-minibatches, PQN 2 x 4) on the same data and env. Every row gives env-steps/s (collection) and
-learner samples/s over the epoch (collection and learning, evaluation excluded).
+minibatches, PQN 2 x 4) on the same data and env; `tlob-...` and `cfc-...` time the supervised
+models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024) with their MFU (the
+FLOPs of a training step counted by torch's FlopCounterMode, over the H200's 790 TFLOP/s bf16).
+Every row gives env-steps/s (collection) and learner samples/s over the epoch (collection and
+learning, evaluation excluded).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
 from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
+from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
@@ -81,6 +85,8 @@ def sync(dev):
 def epoch_sizes(agent) -> tuple[int, int]:
     """Env steps and learner samples of one epoch."""
     c = agent.cfg
+    if isinstance(agent, SupervisedAgent):
+        return 0, agent.steps_per_epoch() * c.batch_size
     if isinstance(agent, RainbowAgent):
         return c.envs * c.collect_steps, c.learn_steps * c.batch_size
     steps = c.envs * c.rollout_steps * c.rounds
@@ -235,6 +241,17 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     capture, precision, *opts = variant.removeprefix(f"{model}-").split("-")
     if args.cpu_smoke and capture == "graph":
         return
+    if model in ("tlob", "cfc"):
+        cls = AGENTS[model].load()[0]
+        sizes = dict(window=32, batch_size=64, steps=4) if args.cpu_smoke else {}
+        scfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
+        t0 = time.perf_counter()
+        agent = SupervisedAgent(scfg, env_cfg, data, seed=0)
+        agent.reset_fold(*train, seed=1)
+        if capture == "graph":
+            agent.capture()
+        report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
+        return
     if model != "dqn":
         cls, agent_cls = (PPOConfig, PPOAgent) if model == "ppo" else (PQNConfig, PQNAgent)
         sizes = dict(envs=256, rollout_steps=8, rounds=2) if args.cpu_smoke else {}
@@ -275,6 +292,22 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
 
 
+H200_BF16_FLOPS = 790e12  # dense bf16 matmul peak as measured (../shared/bench/README.md)
+
+
+def train_flops(agent: SupervisedAgent) -> float:
+    """FLOPs of one training step of a supervised model (forward and backward, eager), counted
+    by torch's FlopCounterMode; for MFU = FLOPs/s over the bf16 peak."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        loss, _ = type(agent)._loss(agent, agent.batch_t)  # the eager loss, not a compiled one
+        loss.backward()
+    for p in agent.params:
+        p.grad = None
+    return float(fc.get_total_flops())
+
+
 def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture) -> None:
     """Time one built agent (fold reset, epochs) and print its row."""
     dev = agent.device
@@ -296,12 +329,17 @@ def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, c
           "env_steps_per_epoch": steps, "samples_per_epoch": samples,
           "env_steps_per_s": steps / r["train_epoch"][0],
           "samples_per_s": samples / r["train_epoch"][0]}  # fmt: skip
+    if isinstance(agent, SupervisedAgent):
+        flops = train_flops(agent)  # per optimiser step, forward and backward
+        r["train_flops_per_step"] = flops
+        r["mfu_bf16"] = flops * agent.steps_per_epoch() / r["train_epoch"][0] / H200_BF16_FLOPS
     if dev.type == "cuda":
         r["peak_vram_gb"] = torch.cuda.max_memory_allocated() / 1e9
         torch.cuda.reset_peak_memory_stats()
     res[variant] = r
+    mfu = f", MFU {r['mfu_bf16']:.1%}" if "mfu_bf16" in r else ""
     print(
-        f"{variant:24s} epoch {r['train_epoch'][0]:.3f} s +- {r['train_epoch'][1]:.3f} "
+        f"{variant:24s} epoch {r['train_epoch'][0]:.3f} s +- {r['train_epoch'][1]:.3f}{mfu} "
         f"(collect {r['collect'][0] * 1e3:.1f} ms, learn {r['learn'][0] * 1e3:.1f} ms), "
         f"{r['env_steps_per_s'] / 1e6:.2f} M env-steps/s, {r['samples_per_s'] / 1e6:.2f} M "
         f"samples/s, eval {r['eval'][0] * 1e3:.1f} ms, fold reset {r['fold_reset_ms']:.2f} ms, "
