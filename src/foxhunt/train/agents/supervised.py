@@ -50,6 +50,7 @@ from foxhunt.train.agents.common import (
     flatten_into_views,
     module_weights,
     resolve,
+    restart,
     state_mismatch,
 )
 from foxhunt.train.data import N_MKT, MarketData
@@ -241,15 +242,7 @@ class SupervisedAgent:
         """Fresh weights and optimiser; the normaliser, the label threshold and the samples of
         this fold's train range (fitted there only)."""
         torch.manual_seed(seed)
-        with torch.no_grad():
-            for k, v in self.net.state_dict().items():
-                v.copy_(self.init_state[k])
-            for st in self.opt.state.values():
-                for v in st.values():
-                    if torch.is_tensor(v):
-                        v.zero_()
-            self.stats.zero_()
-            self.step_i.zero_()
+        restart(self.net, self.init_state, [self.stats, self.step_i], self.opt)
         self.data.fit_normaliser(train_lo, train_hi)
         a, b = sample_bars(train_lo, train_hi, self.cfg.horizon)
         if b - a < self.cfg.batch_size:
