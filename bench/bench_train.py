@@ -48,8 +48,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
-from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
-from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -241,20 +239,11 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     capture, precision, *opts = variant.removeprefix(f"{model}-").split("-")
     if args.cpu_smoke and capture == "graph":
         return
-    if model in ("tlob", "cfc"):
-        cls = AGENTS[model].load()[0]
-        sizes = dict(window=32, batch_size=64, steps=4) if args.cpu_smoke else {}
-        scfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
-        t0 = time.perf_counter()
-        agent = SupervisedAgent(scfg, env_cfg, data, seed=0)
-        agent.reset_fold(*train, seed=1)
-        if capture == "graph":
-            agent.capture()
-        report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
-        return
-    if model != "dqn":
-        cls, agent_cls = (PPOConfig, PPOAgent) if model == "ppo" else (PQNConfig, PQNAgent)
-        sizes = dict(envs=256, rollout_steps=8, rounds=2) if args.cpu_smoke else {}
+    if model != "dqn":  # PPO, PQN and the supervised models at their own defaults
+        cls, agent_cls = AGENTS[model].load()
+        on_policy = dict(envs=256, rollout_steps=8, rounds=2)
+        supervised = dict(window=32, batch_size=64, steps=4)
+        sizes = (on_policy if model in ("ppo", "pqn") else supervised) if args.cpu_smoke else {}
         ocfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
         t0 = time.perf_counter()
         agent = agent_cls(ocfg, env_cfg, data, seed=0)

@@ -18,6 +18,7 @@ from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
 from foxhunt.train.core import TrainError
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
+from trainruns import Killed, metrics_of
 
 TINY = DQNConfig(
     hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
@@ -34,20 +35,12 @@ def tiny_cfg(demo, out: Path, **kw) -> TrainConfig:
     return TrainConfig(**(base | kw))
 
 
-def metrics_of(res) -> list:
-    return [(f["fold"], f["best_epoch"], f["val"], f["test"], f["random_val"]) for f in res.folds]
-
-
 def test_same_seed_same_metrics_and_another_seed_differs(demo_es, tmp_path):
     a = run_train(tiny_cfg(demo_es, tmp_path / "a", fold_ids=(0,)), NullLogger())
     b = run_train(tiny_cfg(demo_es, tmp_path / "b", fold_ids=(0,)), NullLogger())
     c = run_train(tiny_cfg(demo_es, tmp_path / "c", fold_ids=(0,), seed=1), NullLogger())
     assert metrics_of(a) == metrics_of(b)
     assert metrics_of(a) != metrics_of(c)
-
-
-class Killed(Exception):
-    pass
 
 
 def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tmp_path):

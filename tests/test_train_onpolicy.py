@@ -24,6 +24,7 @@ from foxhunt.train.agents.rollout import gae, lambda_returns
 from foxhunt.train.env import BRANCHES, DIRECTIONS, SIZES
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
+from trainruns import Killed, metrics_of
 
 PPO_TINY = PPOConfig(
     hidden=(32, 32), envs=16, rollout_steps=16, rounds=2, minibatches=2, update_epochs=2
@@ -224,14 +225,6 @@ def tiny(demo, out, model, **kw) -> TrainConfig:
         baselines=False, model=model,
     )  # fmt: skip
     return TrainConfig(**(base | kw))
-
-
-def metrics_of(res) -> list:
-    return [(f["fold"], f["best_epoch"], f["val"], f["test"]) for f in res.folds]
-
-
-class Killed(Exception):
-    pass
 
 
 @pytest.mark.parametrize("model", ["ppo", "pqn"])

@@ -27,6 +27,7 @@ from foxhunt.train.models.cfc import CfC, CfCConfig
 from foxhunt.train.models.tlob import TLOB, TLOBConfig
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
+from trainruns import Killed, metrics_of
 
 TLOB_TINY = TLOBConfig(window=16, hidden=16, layers=1, horizon=5, batch_size=64, steps=8)
 CFC_TINY = CfCConfig(window=16, units=16, backbone_units=32, horizon=5, batch_size=64, steps=8)
@@ -192,14 +193,6 @@ def tiny(demo, out, model, **kw) -> TrainConfig:
         baselines=False, model=model,
     )  # fmt: skip
     return TrainConfig(**(base | kw))
-
-
-def metrics_of(res) -> list:
-    return [(f["fold"], f["best_epoch"], f["val"], f["test"]) for f in res.folds]
-
-
-class Killed(Exception):
-    pass
 
 
 @pytest.mark.parametrize("model", ["tlob", "cfc"])

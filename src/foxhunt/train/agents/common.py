@@ -184,15 +184,17 @@ def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> 
 def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, torch.cuda.CUDAGraph]:
     """Capture an agent's blocks as CUDA graphs. The warm-up and capture runs change the state,
     so the state (`agent.snapshot()`) and the CUDA RNG are saved before and restored after:
-    training from here on equals eager training. The runs need a valid range even before the
-    first fold is set (it is restored afterwards too)."""
+    training from here on equals eager training. An agent's envs need a valid range even before
+    the first fold is set (it is restored afterwards too)."""
     dev = agent.device
     if dev.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA device")
     saved = agent.snapshot()
     rng = torch.cuda.get_rng_state(dev)
-    agent.env.set_range(0, agent.data.n)
-    agent.env.reset(torch.rand(agent.cfg.envs, device=dev))
+    env = getattr(agent, "env", None)  # the supervised models step no env
+    if env is not None:
+        env.set_range(0, agent.data.n)
+        env.reset(torch.rand(agent.cfg.envs, device=dev))
     graphs = capture_graphs(dev, warmup, blocks)
     agent.restore(saved)
     torch.cuda.set_rng_state(rng, dev)

@@ -172,13 +172,15 @@ def branch_logp(logits: torch.Tensor) -> list[torch.Tensor]:
     return [F.log_softmax(x, -1) for x in logits.split(BRANCHES, -1)]
 
 
-def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor):
-    """log pi(a | s) [B] and the policy's entropy [B]: sums over the three branches."""
+def log_prob_entropy(logits: torch.Tensor, actions: torch.Tensor, entropy: bool = True):
+    """log pi(a | s) [B] and the policy's entropy [B] (None without `entropy`: the rollout
+    needs only the log-probabilities): sums over the three branches."""
     logp = torch.zeros_like(logits[:, 0])
-    ent = torch.zeros_like(logp)
+    ent = torch.zeros_like(logp) if entropy else None
     for b, lp in enumerate(branch_logp(logits)):
         logp = logp + lp.gather(1, actions[:, b : b + 1]).squeeze(1)
-        ent = ent - (lp.exp() * lp).sum(-1)
+        if entropy:
+            ent = ent - (lp.exp() * lp).sum(-1)
     return logp, ent
 
 
@@ -283,7 +285,7 @@ class PPOAgent:
             with torch.no_grad(), self._autocast():
                 logits, value = self.net(self.state(t, port))
             a = sample(logits, self.u_act[k])
-            logp, _ = log_prob_entropy(logits, a)
+            logp, _ = log_prob_entropy(logits, a, entropy=False)
             r, filled, done = roll.step(k, env, a, self.cfg.reward_scale)
             with torch.no_grad(), self._autocast():
                 next_value = self.net.critic(self.state(roll.final_t[k], roll.final_port[k]))

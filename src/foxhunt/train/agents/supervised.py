@@ -31,7 +31,7 @@ beside the trading metrics.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -42,7 +42,7 @@ from foxhunt.train.agents.common import (
     Capture,
     Precision,
     autocast,
-    capture_graphs,
+    capture_restoring,
     clip_and_step,
     copy_state,
     copy_weights,
@@ -348,19 +348,13 @@ class SupervisedAgent:
     # ------------------------------------------------------------------ capture
     def capture(self) -> None:
         """The training step as a CUDA graph (state and RNG restored after the warm-up)."""
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        saved = self.snapshot()
-        rng = torch.cuda.get_rng_state(self.device)
-        self.batch_t.copy_(torch.arange(self.cfg.batch_size, device=self.device))
 
         def warmup():
+            self.batch_t.copy_(torch.arange(self.cfg.batch_size, device=self.device))
             for _ in range(3):
                 self._step()
 
-        self.graphs.update(capture_graphs(self.device, warmup, {"step": self._step}))
-        self.restore(saved)
-        torch.cuda.set_rng_state(rng, self.device)
+        self.graphs.update(capture_restoring(self, warmup, {"step": self._step}))
 
     # ------------------------------------------------------------------ state
     def _state_tensors(self) -> dict[str, torch.Tensor]:
@@ -397,7 +391,3 @@ def acting_net(cfg: SupervisedConfig, tensors: dict[str, torch.Tensor]):
             return torch.softmax(net(x).float(), -1)
 
     return predict
-
-
-def config_fields(cls) -> set[str]:
-    return {f.name for f in fields(cls)}
