@@ -113,6 +113,22 @@ def train_one(job: dict) -> tuple[str, str, list, float]:
     return job["model"], job["costs"], res.folds, s
 
 
+def env_sets(env: EnvConfig, sets: list[str]) -> tuple[EnvConfig, list[str]]:
+    """`env.field=value` of --set applied to the env config; the other --set items returned."""
+    rest = []
+    for kv in sets:
+        k, _, v = kv.partition("=")
+        if not k.startswith("env."):
+            rest.append(kv)
+            continue
+        try:
+            value = json.loads(v)
+        except ValueError:
+            value = v  # a bare string, e.g. env.orders=full_market
+        env = dataclasses.replace(env, **{k.removeprefix("env."): value})
+    return env, rest
+
+
 def model_configs(sizes: str, sets: list[str]) -> dict:
     """Each model's config at the chosen sizes, with --set fields applied: `model.field=value`
     for one model, `field=value` for every model that has the field."""
@@ -155,7 +171,8 @@ def main() -> None:
         nargs="*",
         default=[],
         metavar="[MODEL.]FIELD=VALUE",
-        help="config fields over the chosen sizes, e.g. dqn.gamma=0.9 pqn.q_lambda=0.8",
+        help="config fields over the chosen sizes, e.g. dqn.gamma=0.9 pqn.q_lambda=0.8; "
+        "env.<field> for the env, e.g. env.orders=full_market",
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_learning"))
     args = ap.parse_args()
@@ -173,11 +190,12 @@ def main() -> None:
     ppy = periods_per_year(cache.timestamps)
     s_of = pressure_by_timestamp(args.data / "raw", "ES")
     pressure = np.array([s_of.get(int(ts), np.nan) for ts in cache.timestamps])
-    cfgs = model_configs(args.sizes, args.set)
     if args.sizes == "demo":
         env0, epochs, segments = demo.ENV, demo.EPOCHS, demo.EVAL_SEGMENTS
     else:
         env0, epochs, segments = EnvConfig(), 10, None
+    env0, model_sets = env_sets(env0, args.set)
+    cfgs = model_configs(args.sizes, model_sets)
     epochs = args.epochs or epochs
     threads = 1 if args.jobs > 1 else 2
     print(f"ES demo cache {cache.key}: {len(cache)} bars, {len(doc['folds'])} folds; "

@@ -24,7 +24,9 @@ give the same numbers (tests/test_train_gpu.py). Prints a table; JSON to $OUT or
 A variant may start with the model: `ppo-...` and `pqn-...` time PPO and PQN at their GPU
 defaults (E = 16,384 envs, rollouts of 32 steps, 4 rounds an epoch; PPO 4 update epochs x 4
 minibatches, PQN 2 x 4) on the same data and env; `tlob-...` and `cfc-...` time the supervised
-models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024) with their MFU (the
+models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024; `-h128`, `-b4096`,
+`-w64`, `-u128` change TLOB's width, the batch, the window, CfC's units; `-s200` times epochs of
+200 steps, and the row gives what a pass over the train range takes) with their MFU (the
 FLOPs of a training step counted by torch's FlopCounterMode, over the H200's 790 TFLOP/s bf16).
 Every row gives env-steps/s (collection) and learner samples/s over the epoch (collection and
 learning, evaluation excluded).
@@ -129,7 +131,10 @@ def profile_learn(agent, variant: str, steps: int = 20) -> None:
     graph: the eager or compiled step as it is captured)."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = agent._learn_step if isinstance(agent, RainbowAgent) else agent._update
+    if isinstance(agent, SupervisedAgent):
+        step = agent._step
+    else:
+        step = agent._learn_step if isinstance(agent, RainbowAgent) else agent._update
     step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -244,6 +249,13 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         on_policy = dict(envs=256, rollout_steps=8, rounds=2)
         supervised = dict(window=32, batch_size=64, steps=4)
         sizes = (on_policy if model in ("ppo", "pqn") else supervised) if args.cpu_smoke else {}
+        sizes = dict(sizes)
+        # Size switches of the supervised models: -h<hidden> (TLOB), -u<units> (CfC),
+        # -b<batch>, -w<window>, -s<optimiser steps an epoch> (default: the whole train range).
+        keys = {"h": "hidden", "u": "units", "b": "batch_size", "w": "window", "s": "steps"}
+        for o in opts:
+            if o[:1] in keys and o[1:].isdigit():
+                sizes[keys[o[0]]] = int(o[1:])
         ocfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
         t0 = time.perf_counter()
         agent = agent_cls(ocfg, env_cfg, data, seed=0)
@@ -319,6 +331,8 @@ def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, c
           "env_steps_per_s": steps / r["train_epoch"][0],
           "samples_per_s": samples / r["train_epoch"][0]}  # fmt: skip
     if isinstance(agent, SupervisedAgent):
+        full = max(1, agent.samples // agent.cfg.batch_size)  # steps of one pass over the range
+        r["full_epoch_s"] = r["train_epoch"][0] / agent.steps_per_epoch() * full
         flops = train_flops(agent)  # per optimiser step, forward and backward
         r["train_flops_per_step"] = flops
         r["mfu_bf16"] = flops * agent.steps_per_epoch() / r["train_epoch"][0] / H200_BF16_FLOPS
@@ -327,6 +341,8 @@ def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, c
         torch.cuda.reset_peak_memory_stats()
     res[variant] = r
     mfu = f", MFU {r['mfu_bf16']:.1%}" if "mfu_bf16" in r else ""
+    if "full_epoch_s" in r:
+        mfu += f", {r['full_epoch_s']:.2f} s a pass over the train range"
     print(
         f"{variant:24s} epoch {r['train_epoch'][0]:.3f} s +- {r['train_epoch'][1]:.3f}{mfu} "
         f"(collect {r['collect'][0] * 1e3:.1f} ms, learn {r['learn'][0] * 1e3:.1f} ms), "

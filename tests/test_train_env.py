@@ -129,3 +129,32 @@ def test_passive_order_fills_only_when_the_next_bar_trades_through():
     # Buy limit at 99.99; bar 2's low 99.9 trades through: filled, earning the 1 bp offset.
     _, reward, filled, _ = env.step(torch.tensor([2]), torch.tensor([4]), one, torch.zeros(1))
     assert float(filled[0]) == 1.0 and float(reward[0]) == pytest.approx(1e-4)
+
+
+def test_full_market_orders_ignore_size_and_order_type():
+    """orders=full_market: any size and order type behave as a full-size market order, i.e.
+    exactly as the branches env does with size 1.0 and a market order."""
+    close, high, low = market(300, 3)
+    f32 = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    ret1 = torch.tensor(np.append(close[1:] / close[:-1] - 1.0, 0.0), dtype=torch.float32)
+    E, g = 16, torch.Generator().manual_seed(3)
+    envs = {}
+    for orders in ("full_market", "branches"):
+        env = TradingEnv(EnvConfig(orders=orders, episode_bars=50), E, f32(close), f32(high),
+                         f32(low), ret1)  # fmt: skip
+        env.set_range(10, 290)
+        env.reset(torch.rand(E, generator=torch.Generator().manual_seed(0)))
+        envs[orders] = env
+    full, market_ = torch.full((E,), len(SIZES) - 1), torch.zeros(E, dtype=torch.long)
+    for _ in range(120):
+        d = torch.randint(0, 3, (E,), generator=g)
+        s = torch.randint(0, 5, (E,), generator=g)
+        o = torch.randint(0, 2, (E,), generator=g)
+        u = torch.rand(E, generator=g)
+        got = envs["full_market"].step(d, s, o, u)
+        want = envs["branches"].step(d, full, market_, u)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    assert set(envs["full_market"].pos.abs().unique().tolist()) <= {0.0, 1.0}
+    with pytest.raises(ValueError, match="orders = 'limit'"):
+        EnvConfig(orders="limit")

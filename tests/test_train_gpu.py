@@ -114,3 +114,79 @@ def test_ppo_and_pqn_captured_graphs_give_the_eager_numbers(model, precision):
     s_g, p_g = run_onpolicy("graph", model, precision)
     assert s_e == s_g, (s_e, s_g)
     assert torch.equal(p_e, p_g)
+
+
+def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: bool = False,
+                   epochs: int = 2, steps: int = 8):  # fmt: skip
+    """Epochs of a supervised model (`steps` optimiser steps each) at small sizes: statistics
+    per epoch, the final weights and the predictions of a range."""
+    from foxhunt.train.agents.supervised import SupervisedAgent
+    from foxhunt.train.models.cfc import CfCConfig
+    from foxhunt.train.models.tlob import TLOBConfig
+
+    data = gpu_data()
+    sizes = dict(window=32, batch_size=256, steps=steps, capture=capture, precision=precision,
+                 compile=compile_)  # fmt: skip
+    cfg = TLOBConfig(hidden=64, layers=2, **sizes) if model == "tlob" else CfCConfig(**sizes)
+    agent = SupervisedAgent(cfg, EnvConfig(), data, seed=7)
+    if capture == "graph":
+        agent.capture()
+    agent.reset_fold(1000, 15000, seed=3)
+    stats = []
+    for e in range(epochs):
+        agent.begin_epoch(e, epochs)
+        agent.collect()
+        agent.learn()
+        stats.append(agent.read_stats())
+    agent.prepare_eval(15000, 17000)
+    return stats, agent.flat.detach().cpu().clone(), agent.pred[15000:17000].cpu()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tlob", "cfc"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_supervised_captured_step_gives_the_eager_numbers(model, precision):
+    """The supervised training step (window gather, forward, loss, backward, clipping, AdamW)
+    as one CUDA graph: two epochs, bit for bit, and the same predictions."""
+    s_e, p_e, y_e = run_supervised("eager", model, precision)
+    s_g, p_g, y_g = run_supervised("graph", model, precision)
+    assert s_e == s_g, (s_e, s_g)
+    assert torch.equal(p_e, p_g)
+    assert torch.equal(y_e, y_g)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tlob", "cfc"])
+def test_supervised_compiled_and_captured_step_matches_eager_within_float_tolerance(model):
+    """The GPU default (compiled loss inside the graph): three steps (the first at the warm-up's
+    learning rate 0), fp32, within float tolerance: inductor fuses differently."""
+    s_e, p_e, _ = run_supervised("eager", model, epochs=1, steps=3)
+    s_c, p_c, _ = run_supervised("graph", model, compile_=True, epochs=1, steps=3)
+    for k in ("losses/loss", "losses/grad_norm"):
+        assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
+    torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_supervised_batch_from_the_device(tmp_path, monkeypatch):
+    """Left to the device, the batch is the largest power of two up to max_batch whose step
+    fits (an H200 fits 2048 windows of 32 bars easily); the next task takes it from the cache;
+    a batch the user sets wins and nothing is probed."""
+    from foxhunt.train.agents.supervised import SupervisedAgent
+    from foxhunt.train.models.tlob import TLOBConfig
+
+    monkeypatch.setenv("FOXHUNT_SIZE_CACHE", str(tmp_path / "sizes.json"))
+    data = gpu_data()
+    cfg = TLOBConfig(window=32, hidden=64, layers=2, max_batch=2048, capture="eager")
+    a = SupervisedAgent(cfg, EnvConfig(), data, seed=0)
+    rng_probed = torch.cuda.get_rng_state()
+    assert (a.cfg.batch_size, a.sizing.source) == (2048, "probed")
+    assert 0 < a.sizing.peak_bytes <= a.sizing.budget_bytes
+    b = SupervisedAgent(cfg, EnvConfig(), data, seed=0)
+    assert (b.cfg.batch_size, b.sizing.source) == (2048, "cache")
+    # the probe drew from a generator of its own: the task's random stream is where it would
+    # be without one
+    assert torch.equal(torch.cuda.get_rng_state(), rng_probed)
+    c = SupervisedAgent(TLOBConfig(window=32, hidden=64, layers=2, batch_size=512,
+                                   capture="eager"), EnvConfig(), data, seed=0)  # fmt: skip
+    assert c.cfg.batch_size == 512 and c.sizing is None

@@ -20,6 +20,7 @@ from foxhunt.train.agents.supervised import (
     label,
     orders,
     sample_bars,
+    step_lr_factor,
     warmup_cosine,
     windows,
 )
@@ -97,6 +98,18 @@ def test_warmup_then_cosine():
     got = warmup_cosine(f, 0.1)
     want = [0.0, 0.5, 1.0, 0.5 * (1 + math.cos(math.pi * 0.5)), 0.0]
     torch.testing.assert_close(got, torch.tensor(want), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("total", [1, 2, 7, 100])
+def test_no_step_has_a_learning_rate_of_zero(total):
+    """Capturable Adam (the CUDA graphs') divides by the learning rate: every step's factor is
+    in (0, 1], rising over the warm-up and falling after it."""
+    k = torch.arange(total, dtype=torch.float32)
+    f = step_lr_factor(k, torch.tensor(float(total)), 0.1)
+    assert (f > 0).all() and (f <= 1).all()
+    if total == 100:
+        assert f[:9].diff().gt(0).all() and f[10:].diff().lt(0).all()
+        assert f[0] == pytest.approx(1 / 101 / 0.1) and f[-1] < 1e-3
 
 
 def test_forecasts_become_orders_flat_holds_or_closes():

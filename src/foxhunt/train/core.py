@@ -549,6 +549,8 @@ def _train_folds(
         "bars": data.n,
         "bar_size": doc["bar_size"],
     }
+    if getattr(agent, "sizing", None) is not None:  # sizes the device chose (foxhunt.train.sizer)
+        params["sizing"] = dataclasses.asdict(agent.sizing)
     task_name = f"{symbol} {cfg.model} seed{cfg.seed}"
     dataset = fxcache_dataset(cache, symbol, doc["bar_size"])
     run_ids["parent"] = logger.start_task(task_name, params, tags, run_ids["parent"], dataset)

@@ -36,6 +36,7 @@ which keeps it deterministic for a test against a slow numpy reference
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -67,8 +68,14 @@ class EnvConfig:
     """Half the bid-ask spread, paid by market orders, in basis points (ES: 1 tick ~ 0.5 bp)."""
     limit_offset_bps: float = 0.5
     """Distance of a passive limit order from the close, in basis points (earned when it fills)."""
+    orders: Literal["branches", "full_market"] = "branches"
+    """branches: every order as chosen (direction, size, order type); full_market: every order
+    at full size as a market order, the size and order-type choices ignored (a simpler market,
+    where only the direction matters)."""
 
     def __post_init__(self) -> None:
+        if self.orders not in ("branches", "full_market"):
+            raise ValueError(f"orders = {self.orders!r}: choose branches or full_market")
         if self.episode_bars < 2:
             raise ValueError(f"episode_bars = {self.episode_bars}: must be at least 2")
         for k in ("fee_bps", "half_spread_bps", "limit_offset_bps"):
@@ -144,6 +151,12 @@ class TradingEnv:
         return self.portfolio_of(self.t, self.pos, self.entry, self.hold)
 
     # ------------------------------------------------------------------ step
+    def order(self, a_dir: torch.Tensor, a_size: torch.Tensor, a_type: torch.Tensor):
+        """(target position, passive?) of branch actions, as the env executes them."""
+        if self.cfg.orders == "full_market":
+            return self.dir_tab[a_dir], torch.zeros_like(a_type, dtype=torch.bool)
+        return self.dir_tab[a_dir] * self.size_tab[a_size], a_type == 1
+
     def _at(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         return x.index_select(0, t.reshape(-1)).reshape(t.shape)
 
@@ -197,9 +210,9 @@ class TradingEnv:
         With `final`, also the portfolio features [E, 3] at bar t + 1 before any restart: the
         state a time-limited episode reached, which on-policy agents bootstrap from."""
         t = self.t.clone()
-        target = self.dir_tab[a_dir] * self.size_tab[a_size]
+        target, passive = self.order(a_dir, a_size, a_type)
         reward, filled, new_pos, entry, hold = self.fill(
-            t, self.pos, self.entry, self.hold, target, a_type == 1
+            t, self.pos, self.entry, self.hold, target, passive
         )
         t1 = t + 1
         steps = self.steps + 1

@@ -66,9 +66,7 @@ from foxhunt.train.agents.common import (
 from foxhunt.train.agents.common import need as check
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import (
-    DIRECTIONS,
     JOINT,
-    SIZES,
     EnvConfig,
     TradingEnv,
     joint_table,
@@ -500,8 +498,6 @@ class RainbowAgent:
         self.stats = torch.zeros(len(STATS), device=dev)
         self.state = Observation(data)  # state(t, portfolio) -> [B, IN_DIM]
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
-        self.dir_tab = torch.tensor(DIRECTIONS, device=dev)
-        self.size_tab = torch.tensor(SIZES, device=dev)
         # Branch indices -> joint index: direction * 10 + size * 2 + order type.
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
@@ -641,8 +637,8 @@ class RainbowAgent:
             live = k < m
             tk = (t + k).clamp(max=last)
             a = acts[:, k]
-            target = self.dir_tab[a[:, 0]] * self.size_tab[a[:, 1]]
-            r, _, p2, e2, h2 = env.fill(tk, pos, entry, hold, target, a[:, 2] == 1)
+            target, passive = env.order(a[:, 0], a[:, 1], a[:, 2])
+            r, _, p2, e2, h2 = env.fill(tk, pos, entry, hold, target, passive)
             G = G + torch.where(live, (cfg.gamma**k) * cfg.reward_scale * r, 0.0)
             pos, entry, hold = (torch.where(live, x2, x) for x2, x in
                                 ((p2, pos), (e2, entry), (h2, hold)))  # fmt: skip

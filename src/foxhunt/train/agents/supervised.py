@@ -15,7 +15,8 @@ rise and "down" a fall). Only bars whose label ends inside the range are samples
 (t + h <= end - 1): no label crosses into the next range, whatever the folds' purge.
 
 Training. AdamW on one flat parameter buffer; a learning rate held as a device tensor, warmed
-up linearly over the first `warmup` of the fold's steps, then cosine to 0; cross-entropy in
+up linearly over the first `warmup` of the fold's steps, then cosine towards 0 (never 0 itself:
+`step_lr_factor`); cross-entropy in
 float32 on bf16 autocast logits; the global gradient norm clipped, the norm before clipping
 logged; minibatches shuffled on the device. On a GPU the training step is one CUDA graph.
 
@@ -30,6 +31,7 @@ beside the trading metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -55,6 +57,7 @@ from foxhunt.train.agents.common import (
 )
 from foxhunt.train.data import N_MKT, MarketData
 from foxhunt.train.env import DIRECTIONS, SIZES, EnvConfig
+from foxhunt.train.sizer import Choice, device_size
 
 CLASSES = ("down", "flat", "up")
 FLAT = DIRECTIONS.index(0.0)
@@ -73,7 +76,10 @@ class SupervisedConfig:
     horizon: int = 10
     """Bars the label's return runs over (h)."""
     batch_size: int | None = None
-    """Samples per optimiser step (default: 1024 on a GPU, 256 on a CPU)."""
+    """Samples per optimiser step (default: on a GPU the largest power of two up to
+    `max_batch` whose step fits in half the free memory, foxhunt.train.sizer; 256 on a CPU)."""
+    max_batch: int = 4096
+    """The largest batch the device sizer may choose."""
     steps: int | None = None
     """Optimiser steps per epoch (default: one pass over the fold's train samples)."""
     lr: float = 1e-3
@@ -99,7 +105,7 @@ class SupervisedConfig:
         for k in ("window", "horizon"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
-        for k in ("batch_size", "steps"):
+        for k in ("batch_size", "steps", "max_batch"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
         for k in ("lr", "grad_clip"):
@@ -190,10 +196,19 @@ def order_from_forecast(probs, portfolio, flat: str, sizing: str) -> torch.Tenso
 
 def warmup_cosine(frac: torch.Tensor, warmup: float) -> torch.Tensor:
     """The learning-rate factor at fraction `frac` of the fold's steps: linear to 1 over
-    `warmup`, then cosine to 0."""
+    `warmup`, then cosine to 0. It is 0 at both ends: `step_lr_factor` evaluates it strictly
+    between them."""
     rise = (frac / warmup).clamp(max=1.0) if warmup > 0 else torch.ones_like(frac)
     decay = ((frac - warmup) / (1.0 - warmup)).clamp(0.0, 1.0)
     return rise * 0.5 * (1.0 + torch.cos(math.pi * decay))
+
+
+def step_lr_factor(k: torch.Tensor, total: torch.Tensor, warmup: float) -> torch.Tensor:
+    """The factor at step k of `total` (0-based): the curve at (k + 1) / (total + 1), never 0.
+    A learning rate of exactly 0 would be harmless in plain Adam, but the capturable Adam the
+    CUDA graphs need divides by it and writes NaN wherever a gradient is exactly 0 (seen on an
+    H200: TLOB in fp32, whose first warm-up step at lr 0 left NaN weights)."""
+    return warmup_cosine((k + 1) / (total + 1), warmup)
 
 
 # ---------------------------------------------------------------------------------- agent
@@ -203,10 +218,15 @@ class SupervisedAgent:
 
     def __init__(self, cfg: SupervisedConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         dev = data.device
+        auto_batch = cfg.batch_size is None and dev.type == "cuda"
         self.cfg = cfg = cfg.resolved(dev)
         self.data, self.device = data, dev
         torch.manual_seed(seed)
         self.net = cfg.build(N_MKT).to(dev)
+        self.sizing: Choice | None = None
+        if auto_batch:  # before any buffer of the batch's size exists
+            self.sizing = self._device_batch()
+            self.cfg = cfg = dataclasses.replace(cfg, batch_size=self.sizing.size)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         self.flat = flatten_into_views(self.params)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
@@ -236,6 +256,26 @@ class SupervisedAgent:
 
     def _autocast(self):
         return autocast(self.cfg.precision, self.device)
+
+    def _device_batch(self) -> Choice:
+        """The batch from the device (foxhunt.train.sizer): a probe is a forward and backward
+        pass on random windows, drawn from a generator of its own (the task's random stream
+        stays as it was)."""
+        cfg, gen = self.cfg, torch.Generator(self.device).manual_seed(0)
+
+        def probe(n: int) -> None:
+            t = torch.randint(0, self.data.n, (n,), device=self.device, generator=gen)
+            with self._autocast():
+                logits = self.net(windows(self.data, t, cfg.window))
+            F.cross_entropy(logits.float(), t % 3).backward()
+            for p in self.net.parameters():
+                p.grad = None
+
+        training_only = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip",
+                         "flat", "sizing")  # fmt: skip
+        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in training_only}
+        lo = min(256, cfg.max_batch)
+        return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch)
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
@@ -277,7 +317,7 @@ class SupervisedAgent:
 
     def _step(self) -> None:
         cfg = self.cfg
-        self.lr.copy_(cfg.lr * warmup_cosine(self.step_i / self.total, cfg.warmup))
+        self.lr.copy_(cfg.lr * step_lr_factor(self.step_i, self.total, cfg.warmup))
         for p in self.params:
             p.grad = None
         loss, acc = self._loss(self.batch_t)
