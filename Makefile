@@ -32,7 +32,7 @@ folds: setup ## Walk-forward folds of each demo cache into data/folds
 	@for s in ES NQ; do $(BIN)/foxhunt folds --cache $(DATA)/fxcache --symbol $$s --out $(DATA)/folds/$$s.json || exit 1; done
 
 MODEL ?= dqn
-run: synth ## Demo data, then train-baseline through KFP's local runner (MLflow in ./mlflow.db); MODEL=dqn|ppo|pqn|tlob|cfc
+run: synth ## Demo data, then train-baseline through KFP's local runner (MLflow in ./mlflow.db); MODEL=dqn|ppo|pqn|tlob|cfc|mamba2|tft|ensemble
 	$(BIN)/python -m pipelines run-local train-baseline --demo model=$(MODEL)
 	@echo
 	@echo "demo DBN files:      $(DATA)/raw/GLBX.MDP3   (synth.json says how they were made)"

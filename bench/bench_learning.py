@@ -134,7 +134,8 @@ def model_configs(sizes: str, sets: list[str]) -> dict:
     for one model, `field=value` for every model that has the field."""
     if sizes == "demo":
         cfgs = {"dqn": demo.DQN, "ppo": demo.PPO, "pqn": demo.PQN, "tlob": demo.TLOB,
-                "cfc": demo.CFC}  # fmt: skip
+                "cfc": demo.CFC, "mamba2": demo.MAMBA2, "tft": demo.TFT,
+                "ensemble": demo.ENSEMBLE}  # fmt: skip
     else:
         cfgs = {m: AGENTS[m].load()[0]() for m in AGENTS}
     for kv in sets:

@@ -23,7 +23,8 @@ give the same numbers (tests/test_train_gpu.py). Prints a table; JSON to $OUT or
 
 A variant may start with the model: `ppo-...` and `pqn-...` time PPO and PQN at their GPU
 defaults (E = 16,384 envs, rollouts of 32 steps, 4 rounds an epoch; PPO 4 update epochs x 4
-minibatches, PQN 2 x 4) on the same data and env; `tlob-...` and `cfc-...` time the supervised
+minibatches, PQN 2 x 4) on the same data and env; `tlob-...`, `cfc-...`, `mamba2-...` and
+`tft-...` time the supervised
 models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024; `-h128`, `-b4096`,
 `-w64`, `-u128` change TLOB's width, the batch, the window, CfC's units; `-s200` times epochs of
 200 steps, and the row gives what a pass over the train range takes) with their MFU (the
@@ -250,9 +251,11 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         supervised = dict(window=32, batch_size=64, steps=4)
         sizes = (on_policy if model in ("ppo", "pqn") else supervised) if args.cpu_smoke else {}
         sizes = dict(sizes)
-        # Size switches of the supervised models: -h<hidden> (TLOB), -u<units> (CfC),
+        # Size switches of the supervised models: -h<hidden> (TLOB, TFT), -u<units> (CfC),
+        # -d<d_model> (Mamba-2),
         # -b<batch>, -w<window>, -s<optimiser steps an epoch> (default: the whole train range).
-        keys = {"h": "hidden", "u": "units", "b": "batch_size", "w": "window", "s": "steps"}
+        keys = {"h": "hidden", "u": "units", "d": "d_model", "b": "batch_size", "w": "window",
+                "s": "steps"}  # fmt: skip
         for o in opts:
             if o[:1] in keys and o[1:].isdigit():
                 sizes[keys[o[0]]] = int(o[1:])

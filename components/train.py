@@ -23,9 +23,10 @@ def train(
     half_spread_bps: float = 0.25,
     overrides: str = "{}",
 ):
-    """One training task: every fold of the folds artifact, one upload, one model (dqn, ppo or
-    pqn) and seed. `best_model` is the task's best fold's checkpoint (weights, normaliser,
-    config; also an MLflow model, its URI in the metadata), `results` its per-fold results.
+    """One training task: every fold of the folds artifact, one upload, one model (an agent:
+    dqn, ppo, pqn; a supervised model: tlob, cfc, mamba2, tft; or their ensemble) and seed.
+    `best_model` is the task's best fold's checkpoint (weights, normaliser, config; also an
+    MLflow model, its URI in the metadata), `results` its per-fold results.
     lr 0, gamma -1, n_step 0: the model's own default; batch_size/envs 0: sized for the device;
     each applies to the models that have it (n_step and batch_size: dqn). overrides: JSON of
     further fields per config, e.g. {"dqn": {"hidden": [128, 128]}, "ppo": {"ent_coef": 0.02},

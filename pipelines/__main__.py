@@ -35,8 +35,14 @@ def demo_params() -> dict:
     def changed(cfg) -> dict:
         """The fields where a demo config differs from its class's defaults (JSON-ready)."""
         default = type(cfg)()
+
+        def plain(v):
+            if dataclasses.is_dataclass(v):  # the ensemble's members' settings
+                return changed(v)
+            return list(v) if isinstance(v, tuple) else v
+
         return {
-            f.name: list(v) if isinstance(v, tuple) else v
+            f.name: plain(v)
             for f in dataclasses.fields(cfg)
             if (v := getattr(cfg, f.name)) != getattr(default, f.name)
         }
@@ -54,6 +60,9 @@ def demo_params() -> dict:
                 "pqn": changed(demo.PQN),
                 "tlob": changed(demo.TLOB),
                 "cfc": changed(demo.CFC),
+                "mamba2": changed(demo.MAMBA2),
+                "tft": changed(demo.TFT),
+                "ensemble": changed(demo.ENSEMBLE),
                 "env": {"episode_bars": e.episode_bars},
                 "train": {"eval_segments": demo.EVAL_SEGMENTS},
             }
@@ -67,7 +76,10 @@ class SubmitError(RuntimeError):
 
 # Values a parameter may take where its type alone does not say (the Literal types of FoldSpec
 # and TrainConfig; a test keeps them equal).
-CHOICES = {"window": ("sliding", "expanding"), "model": ("dqn", "ppo", "pqn", "tlob", "cfc")}
+CHOICES = {
+    "window": ("sliding", "expanding"),
+    "model": ("dqn", "ppo", "pqn", "tlob", "cfc", "mamba2", "tft", "ensemble"),
+}
 _JSON_TYPES = {
     "Integer": (int,),
     "Float": (int, float),

@@ -27,8 +27,8 @@ def build_train_baseline(
 
     @dsl.pipeline(
         name="train-baseline",
-        description="Databento DBN -> fxcache -> walk-forward folds -> a model (dqn, ppo or "
-        "pqn) per seed -> report",
+        description="Databento DBN -> fxcache -> walk-forward folds -> a model (an agent: dqn, "
+        "ppo, pqn; or a supervised model: tlob, cfc, mamba2, tft) per seed -> report",
     )
     def train_baseline(
         symbol: str = "ES",

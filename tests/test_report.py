@@ -227,3 +227,28 @@ def test_the_deflated_sharpe_counts_every_task_the_experiment_holds(tmp_path, mo
     assert d["sr0_per_bar"] == pytest.approx(expected_max_sharpe(np.var(per_bar, ddof=1), 8))
     assert "5 training task(s)" in d["trials_source"] and "3 made elsewhere" in d["trials_source"]
     assert "N = 8" in (tmp_path / "report" / "report.md").read_text()
+
+
+def test_the_columns_a_model_reads_averaged_over_folds_and_seeds(tmp_path):
+    """Folds that carry explain.json (TFT's variable selection) give the report a table of the
+    columns with the largest mean weight; tasks without it give none."""
+    runs = tmp_path / "runs" / "20261202-000000-cccccc"
+    weights = {0: {"ofi_l1": 0.5, "rsi_14": 0.3, "adx_14": 0.2},
+               1: {"ofi_l1": 0.7, "rsi_14": 0.2, "adx_14": 0.1}}  # fmt: skip
+    for seed in (0, 1):
+        path = write_results(runs, seed)
+        doc = json.loads(path.read_text())
+        doc["model"] = "tft"
+        for f in doc["folds"]:
+            rel = f"fold-{f['fold']}/explain.json"
+            (path.parent / rel).write_text(json.dumps({"variable_importance": weights[f["fold"]]}))
+            f["explain"] = rel
+        path.write_text(json.dumps(doc))
+    rep = run_report(ReportConfig(runs=tmp_path / "runs", out=tmp_path / "report"))
+    (g,) = rep["importance"]
+    assert (g["model"], g["folds"]) == ("tft", 4)
+    assert [n for n, _ in g["columns"]] == ["ofi_l1", "rsi_14", "adx_14"]
+    assert g["columns"][0][1] == pytest.approx(0.6) and g["columns"][1][1] == pytest.approx(0.25)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "### What tft reads (ES)" in md and "| ofi_l1 | 0.600 |" in md
+    assert "What tft reads (ES)</h2>" in (tmp_path / "report" / "report.html").read_text()

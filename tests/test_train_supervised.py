@@ -25,6 +25,8 @@ from foxhunt.train.agents.supervised import (
     windows,
 )
 from foxhunt.train.models.cfc import CfC, CfCConfig
+from foxhunt.train.models.mamba2 import Mamba2Config
+from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOB, TLOBConfig
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
@@ -32,6 +34,9 @@ from trainruns import Killed, metrics_of
 
 TLOB_TINY = TLOBConfig(window=16, hidden=16, layers=1, horizon=5, batch_size=64, steps=8)
 CFC_TINY = CfCConfig(window=16, units=16, backbone_units=32, horizon=5, batch_size=64, steps=8)
+MAMBA2_TINY = Mamba2Config(window=16, d_model=16, headdim=8, d_state=8, chunk=8, layers=1,
+                           horizon=5, batch_size=64, steps=8)  # fmt: skip
+TFT_TINY = TFTConfig(window=16, hidden=8, heads=2, horizon=5, batch_size=64, steps=8)
 
 
 # ------------------------------------------------------------------------------ samples
@@ -202,13 +207,14 @@ def tiny(demo, out, model, **kw) -> TrainConfig:
     cache, folds = demo
     base = dict(
         folds=folds, cache=cache, epochs=2, out=out, tracking="none", eval_segments=64,
-        tlob=TLOB_TINY, cfc=CFC_TINY, env=EnvConfig(episode_bars=256), run_id="run-1",
+        tlob=TLOB_TINY, cfc=CFC_TINY, mamba2=MAMBA2_TINY, tft=TFT_TINY,
+        env=EnvConfig(episode_bars=256), run_id="run-1",
         baselines=False, model=model,
     )  # fmt: skip
     return TrainConfig(**(base | kw))
 
 
-@pytest.mark.parametrize("model", ["tlob", "cfc"])
+@pytest.mark.parametrize("model", ["tlob", "cfc", "mamba2", "tft"])
 def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_path, model):
     a = run_train(tiny(demo_es, tmp_path / "a", model, fold_ids=(0,)), NullLogger())
     b = run_train(tiny(demo_es, tmp_path / "b", model, fold_ids=(0,)), NullLogger())
@@ -255,15 +261,51 @@ def test_a_served_checkpoint_trades_as_the_trainer_does(demo_es, tmp_path):
     assert (got[L - 1 :] == want[L - 1 :]).all()
 
 
-@pytest.mark.parametrize("model", ["tlob", "cfc"])
+@pytest.mark.parametrize("model", ["tlob", "cfc", "mamba2", "tft"])
 def test_it_learns_the_planted_signal(demo_es, tmp_path, model):
     """At the demo's CPU sizes (foxhunt.train.demo), two epochs, costs on: the forecasts beat
     chance (accuracy over the three classes) on test, and trading them beats zero and a random
     policy."""
-    cfg = {"tlob": demo.TLOB, "cfc": demo.CFC}[model]
+    cfg = {"tlob": demo.TLOB, "cfc": demo.CFC, "mamba2": demo.MAMBA2, "tft": demo.TFT}[model]
     res = run_train(tiny(demo_es, tmp_path, model, epochs=2, **{model: cfg}), NullLogger())
     print(res.summary())
     acc = np.mean([f["test"]["accuracy"] for f in res.folds])
     assert acc > 0.36, acc
     assert res.aggregate["test_sharpe"] > 3.0, res.aggregate
     assert res.aggregate["val_sharpe"] > res.aggregate["random_val_sharpe"] + 10.0
+
+
+def test_tft_forecasts_quantiles_and_says_which_columns_it_reads(demo_es, tmp_path):
+    """TFT's default target is the return's quantiles: its checkpoint carries the fold's label
+    threshold and scale, a served checkpoint trades as the trainer does, and each fold leaves
+    explain.json: a selection weight for each of the 50 columns, summing to 1."""
+    from safetensors.torch import load_file
+
+    from foxhunt.fxcache import FxCache
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.policy import Policy
+
+    cfg = tiny(demo_es, tmp_path, "tft", fold_ids=(1,), epochs=1)
+    res = run_train(cfg, NullLogger())
+    fold = res.run_dir / "fold-1"
+    doc = json.loads((fold / "explain.json").read_text())
+    w = doc["variable_importance"]
+    assert len(w) == 50 and sum(w.values()) == pytest.approx(1.0, abs=1e-6)
+    assert list(w.values()) == sorted(w.values(), reverse=True)
+    assert res.folds[0]["explain"] == "fold-1/explain.json"
+    tensors = load_file(str(fold / "best.safetensors"))
+    assert {"target.theta", "target.scale"} <= set(tensors)
+    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
+    data = MarketData.from_fxcache(cache, torch.device("cpu"))
+    agent = SupervisedAgent(cfg.tft, cfg.env, data, 0)
+    agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
+    data.mean.copy_(tensors["norm.mean"])
+    data.inv_std.copy_(tensors["norm.inv_std"])
+    agent.prepare_eval(2000, 2300)
+    t = torch.arange(2000, 2300)
+    port = torch.stack([torch.linspace(-1, 1, 300), torch.zeros(300), torch.zeros(300)], 1)
+    want = agent.greedy(t, port).numpy()
+    got = Policy.load(fold / "best.safetensors").act(data.mkt[t].numpy(), port.numpy())
+    L = cfg.tft.window
+    assert (got[L - 1 :] == want[L - 1 :]).all()
+    assert len(set(want[:, 0].tolist())) > 1  # the forecasts are not all one class

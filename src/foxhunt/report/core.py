@@ -274,6 +274,7 @@ def run_report(cfg: ReportConfig) -> dict:
         "rows": rows,
         "aggregate": agg,
         "comparison": comparison(docs),
+        "importance": importance(docs, paths),
         "deflated_sharpe": dsr,
         "results": [str(p) for p in paths],
     }
@@ -312,6 +313,43 @@ def comparison(docs: list[dict]) -> list[dict]:
                 r[f"vs_{ref}"] = r["test_sharpe"] / v if v and v > 0 else None
         out.append({"symbol": symbol, "model": model, "costs": costs, "rows": rows})
     return out
+
+
+def importance(docs: list[dict], paths: list[Path], top: int = 10) -> list[dict]:
+    """Which columns each model reads, where it says (TFT's variable selection, a fold's
+    explain.json): per symbol and model, each column's weight averaged over the folds and
+    seeds, the `top` largest."""
+    groups: dict[tuple, list[dict]] = {}
+    for doc, path in zip(docs, paths, strict=True):
+        for f in doc["folds"]:
+            if f.get("explain") and (path.parent / f["explain"]).is_file():
+                w = json.loads((path.parent / f["explain"]).read_text())["variable_importance"]
+                groups.setdefault((doc["symbol"], doc["model"]), []).append(w)
+    out = []
+    for (symbol, model), ws in groups.items():
+        mean = {k: float(np.mean([w.get(k, 0.0) for w in ws])) for k in ws[0]}
+        ranked = sorted(mean.items(), key=lambda kv: -kv[1])[:top]
+        out.append({"symbol": symbol, "model": model, "folds": len(ws), "columns": ranked,
+                    "uniform": 1.0 / len(mean)})  # fmt: skip
+    return out
+
+
+def _importance_md(rep: dict) -> list[str]:
+    lines = []
+    for g in rep.get("importance", []):
+        lines += [
+            "",
+            f"### What {g['model']} reads ({g['symbol']})",
+            "",
+            f"Variable-selection weight on the test ranges, mean over {g['folds']} fold(s) and "
+            f"seeds; {len(g['columns'])} largest of {round(1 / g['uniform'])} columns "
+            f"(uniform: {g['uniform']:.3f}).",
+            "",
+            "| column | weight |",
+            "| --- | --- |",
+        ]
+        lines += [f"| {name} | {w:.3f} |" for name, w in g["columns"]]
+    return lines
 
 
 def _comparison_md(rep: dict) -> list[str]:
@@ -413,6 +451,7 @@ def _markdown(rep: dict) -> str:
     for sentence in _summary(rep):
         lines += ["", sentence]
     lines += _comparison_md(rep)
+    lines += _importance_md(rep)
     return "\n".join([*lines, ""])
 
 
@@ -469,6 +508,17 @@ def _html(rep: dict, out: Path) -> str:
             "<table><thead><tr><th>policy</th><th>test Sharpe</th><th>of ridge's</th>"
             "<th>of ridge_cost's</th></tr>"
             f"</thead><tbody>{cells}</tbody></table>",
+        ]
+    for g in rep.get("importance", []):
+        cells = "".join(f"<tr><td>{html.escape(n)}</td><td>{w:.3f}</td></tr>"
+                        for n, w in g["columns"])  # fmt: skip
+        body += [
+            f"<h2>What {html.escape(g['model'])} reads ({html.escape(g['symbol'])})</h2>",
+            f"<p>Variable-selection weight on the test ranges, mean over {g['folds']} fold(s) "
+            f"and seeds; the {len(g['columns'])} largest of {round(1 / g['uniform'])} columns "
+            f"(uniform: {g['uniform']:.3f}).</p>",
+            "<table><thead><tr><th>column</th><th>weight</th></tr></thead>"
+            f"<tbody>{cells}</tbody></table>",
         ]
     body.append("<h2>Equity curves (test ranges)</h2>")
     for r in rep["rows"]:

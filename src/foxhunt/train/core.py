@@ -58,6 +58,9 @@ from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
 from foxhunt.train.metrics import periods_per_year, trading_metrics
 from foxhunt.train.models.cfc import CfCConfig
+from foxhunt.train.models.ensemble import EnsembleConfig
+from foxhunt.train.models.mamba2 import Mamba2Config
+from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOBConfig
 from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
 
@@ -79,11 +82,14 @@ class TrainConfig:
     """Folds file written by `foxhunt folds` (it names the fxcache key)."""
     cache: Path = Path("data/fxcache")
     """Cache root (or the cache directory itself)."""
-    model: Literal["dqn", "ppo", "pqn", "tlob", "cfc"] = "dqn"
+    model: Literal["dqn", "ppo", "pqn", "tlob", "cfc", "mamba2", "tft", "ensemble"] = "dqn"
     """Agent: dqn (Rainbow DQN over the joint actions), ppo (PPO, factorised policy over the
     branches), pqn (Q(lambda) on PPO's rollouts, no replay), or a supervised sequence model
-    trading its direction forecasts: tlob (dual-attention transformer), cfc (liquid / CfC).
-    Its settings: --dqn.*, --ppo.*, --pqn.*, --tlob.*, --cfc.*."""
+    trading its direction forecasts: tlob (dual-attention transformer), cfc (liquid / CfC),
+    mamba2 (state-space layers), tft (Temporal Fusion Transformer, return quantiles), or
+    ensemble (supervised models trained side by side, their forecasts combined).
+    Its settings: --dqn.*, --ppo.*, --pqn.*, --tlob.*, --cfc.*, --mamba2.*, --tft.*,
+    --ensemble.* (the members' own: --ensemble.tlob.*, ...)."""
     epochs: int = 10
     """Epochs per fold; the best by val Sharpe is kept."""
     seed: int = 0
@@ -129,6 +135,12 @@ class TrainConfig:
     """TLOB and supervised-path settings (model tlob)."""
     cfc: CfCConfig = field(default_factory=CfCConfig)
     """CfC and supervised-path settings (model cfc)."""
+    mamba2: Mamba2Config = field(default_factory=Mamba2Config)
+    """Mamba-2 and supervised-path settings (model mamba2)."""
+    tft: TFTConfig = field(default_factory=TFTConfig)
+    """TFT and supervised-path settings (model tft)."""
+    ensemble: EnsembleConfig = field(default_factory=EnsembleConfig)
+    """The ensemble: its members, their settings and the combination rule (model ensemble)."""
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -507,6 +519,8 @@ def _train_folds(
     # traded, and classification metrics beside the trading ones.
     prepare = getattr(agent, "prepare_eval", None)
     extra = getattr(agent, "extra_metrics", None)
+    explain = getattr(agent, "explain", None)  # what the model reads (TFT), per fold
+    calibrate = getattr(agent, "calibrate", None)  # fitted on val (the ensemble's weights)
 
     if state is not None:
         if state.get("digest") != digest:
@@ -611,6 +625,8 @@ def _train_folds(
                 clock.mark("collect")
                 agent.learn()
                 clock.mark("learn")
+            if calibrate is not None:
+                calibrate(*ranges["val"])
             if prepare is not None:
                 prepare(*ranges["val"])  # a supervised model predicts the range at once
             val_r, val_tr = evaluator.run(greedy, *ranges["val"], graph=True)
@@ -672,6 +688,9 @@ def _train_folds(
         test = trading_metrics(test_r, test_tr, ppy, evaluator.last_positions)
         if extra is not None:
             test |= extra(*ranges["test"])
+        explained = explain(*ranges["test"]) if explain is not None else None
+        if explained is not None:
+            write_json_atomic(run_dir / f"fold-{k}" / "explain.json", explained)
         lo, hi = ranges["test"]
         np.savez(
             run_dir / f"fold-{k}" / "test_returns.npz",
@@ -696,6 +715,8 @@ def _train_folds(
         ckpt = run_dir / f"fold-{k}" / "best.safetensors"
         logger.log_artifact(ckpt, "checkpoint")
         logger.log_artifact(ckpt.with_suffix(".json"), "checkpoint")
+        if explained is not None:
+            logger.log_artifact(run_dir / f"fold-{k}" / "explain.json", "explain")
         model_uri = logger.log_model(ckpt)  # the checkpoint as an MLflow model that acts
         logger.end_fold()
         trained.append(k)
@@ -710,6 +731,7 @@ def _train_folds(
                 "fold_reset_ms": reset_s * 1e3,
                 "ranges": ranges,
                 "test_returns": f"fold-{k}/test_returns.npz",
+                **({"explain": f"fold-{k}/explain.json"} if explained is not None else {}),
                 "model_uri": model_uri,
             }
         )

@@ -17,6 +17,9 @@ from foxhunt.train.agents.ppo import PPOConfig
 from foxhunt.train.agents.pqn import PQNConfig
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.models.cfc import CfCConfig
+from foxhunt.train.models.ensemble import EnsembleConfig
+from foxhunt.train.models.mamba2 import Mamba2Config
+from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOBConfig
 
 EPOCHS = 8
@@ -29,6 +32,10 @@ DQN = DQNConfig(
 )  # fmt: skip
 PPO = PPOConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8)
 PQN = PQNConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8)
-# The supervised models at CPU sizes: windows of 32 bars, 2 layer pairs / 32 units.
+# The supervised models at CPU sizes: windows of 32 bars, small widths.
 TLOB = TLOBConfig(window=32, hidden=32, layers=2)
 CFC = CfCConfig(window=32, units=32, backbone_units=64)
+MAMBA2 = Mamba2Config(window=32, d_model=32, headdim=16, d_state=16, chunk=16)
+TFT = TFTConfig(window=16, hidden=8, heads=2, dropout=0.0)  # 50 GRNs a bar: kept small on a CPU
+# Every supervised model once at its demo settings, forecasts averaged.
+ENSEMBLE = EnsembleConfig(seeds=1, tlob=TLOB, cfc=CFC, mamba2=MAMBA2, tft=TFT)

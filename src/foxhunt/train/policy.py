@@ -10,10 +10,11 @@ does. `foxhunt.train.mlflow_model` wraps it as an MLflow model.
     policy = Policy.load("data/runs/<run>/<task>/fold-0/best.safetensors")
     actions = policy.act(market, portfolio)      # [n, 50], [n, 3] -> [n, 3] branch indices
 
-An agent's rows are independent states. A supervised model (tlob, cfc) reads windows: its rows
-are consecutive bars in time order, and the action of row i comes from the window of the
-`window` rows ending at i (rows before the first repeat it, as training does at the start of the
-data); its orders follow the trainer's rule (up long, down short, flat holds the position).
+An agent's rows are independent states. A supervised model (tlob, cfc, mamba2, tft) reads
+windows: its rows are consecutive bars in time order, and the action of row i comes from the
+window of the `window` rows ending at i (rows before the first repeat it, as training does at
+the start of the data); its orders follow the trainer's rule (up long, down short, flat holds
+the position).
 """
 
 from __future__ import annotations

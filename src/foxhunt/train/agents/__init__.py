@@ -5,6 +5,9 @@
     pqn   PQN: Q(lambda) on the PPO rollout path, no replay, no target network (agents/pqn.py)
     tlob  TLOB, a dual-attention transformer, trained supervised (models/tlob.py)
     cfc   CfC, a closed-form continuous-time (liquid) network, trained supervised (models/cfc.py)
+    mamba2  Mamba-2, state-space layers by the chunked SSD algorithm, supervised (models/mamba2.py)
+    tft   the Temporal Fusion Transformer, quantile forecasts, supervised (models/tft.py)
+    ensemble  supervised models trained side by side, forecasts combined (models/ensemble.py)
 
 The supervised models share one agent (agents/supervised.py: windows, labels, the optimiser,
 the policy that trades their predictions); each model file holds its network and config.
@@ -81,8 +84,11 @@ class Agent(Protocol):
         """Why `saved` does not fit this agent (another version's layout), or None."""
 
     # Optional (the supervised models have them; the loop calls them where they exist):
+    #   calibrate(lo, hi): fit what is fitted on val (the ensemble's weights), each epoch
+    #     before the val range is traded;
     #   prepare_eval(lo, hi): predict every bar of a range before the evaluator trades it;
-    #   extra_metrics(lo, hi) -> dict: metrics of the range beside the trading ones.
+    #   extra_metrics(lo, hi) -> dict: metrics of the range beside the trading ones;
+    #   explain(lo, hi) -> dict | None: what the model reads on a range (TFT), per fold.
 
 
 @dataclass(frozen=True)
@@ -105,8 +111,12 @@ AGENTS: dict[str, AgentSpec] = {
     "pqn": AgentSpec("foxhunt.train.agents.pqn", "PQNConfig", "PQNAgent"),
     "tlob": AgentSpec("foxhunt.train.models.tlob", "TLOBConfig", "SupervisedAgent"),
     "cfc": AgentSpec("foxhunt.train.models.cfc", "CfCConfig", "SupervisedAgent"),
+    "mamba2": AgentSpec("foxhunt.train.models.mamba2", "Mamba2Config", "SupervisedAgent"),
+    "tft": AgentSpec("foxhunt.train.models.tft", "TFTConfig", "SupervisedAgent"),
+    "ensemble": AgentSpec("foxhunt.train.models.ensemble", "EnsembleConfig", "EnsembleAgent"),
 }
-SUPERVISED = ("tlob", "cfc")  # models that predict windows rather than act on states
+# The models that predict from windows rather than act on states:
+SUPERVISED = ("tlob", "cfc", "mamba2", "tft", "ensemble")
 
 
 def agent_class(model: str) -> type:

@@ -20,6 +20,11 @@ up linearly over the first `warmup` of the fold's steps, then cosine towards 0 (
 float32 on bf16 autocast logits; the global gradient norm clipped, the norm before clipping
 logged; minibatches shuffled on the device. On a GPU the training step is one CUDA graph.
 
+A regression target is an option (`target = "return"`): the network forecasts quantiles of
+r_h (scaled by its standard deviation on the train samples) under the pinball loss; read as a
+normal distribution (`quantile_class_probs`) they give the three classes' probabilities, traded
+and scored as the direction target's are.
+
 Trading. Before each evaluation the model predicts every bar of the range at once (under
 `torch.inference_mode`); the policy then reads its prediction: long on up, short on down, and
 on flat it keeps the position it holds (`flat = "hold"`, the cost-aware reading: a small expected
@@ -31,6 +36,7 @@ beside the trading metrics.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from dataclasses import dataclass
@@ -75,6 +81,12 @@ class SupervisedConfig:
     """Bars per sample window (L)."""
     horizon: int = 10
     """Bars the label's return runs over (h)."""
+    target: Literal["direction", "return"] = "direction"
+    """What the network predicts: direction (the three classes, cross-entropy) or return (the
+    `quantiles` of the h-bar return, pinball loss), whose class probabilities come from reading
+    the quantiles as a normal distribution."""
+    quantiles: tuple[float, float, float] = (0.1, 0.5, 0.9)
+    """The return target's quantiles, ascending, the middle one the median traded on."""
     batch_size: int | None = None
     """Samples per optimiser step (default: on a GPU the largest power of two up to
     `max_batch` whose step fits in half the free memory, foxhunt.train.sizer; 256 on a CPU)."""
@@ -115,6 +127,9 @@ class SupervisedConfig:
             raise ValueError(f"weight_decay = {self.weight_decay}: must not be negative")
         if not 0.0 <= self.warmup < 1.0:
             raise ValueError(f"warmup = {self.warmup}: must be in [0, 1)")
+        q = tuple(self.quantiles)
+        if len(q) != 3 or not 0 < q[0] < q[1] < q[2] < 1:
+            raise ValueError(f"quantiles = {q}: three ascending values in (0, 1)")
 
     def resolved(self, device: torch.device):
         return resolve(self, device, SIZES_BY_DEVICE)
@@ -150,6 +165,28 @@ def sample_bars(lo: int, hi: int, horizon: int) -> tuple[int, int]:
 def label(r: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
     """0 down, 1 flat, 2 up."""
     return torch.where(r > theta, 2, torch.where(r < -theta, 0, 1))
+
+
+def pinball(pred: torch.Tensor, y: torch.Tensor, quantiles: torch.Tensor) -> torch.Tensor:
+    """The quantile (pinball) loss of predictions [n, Q] of y [n] at `quantiles` [Q]: mean over
+    the samples and quantiles of max(q e, (q - 1) e), e = y - prediction."""
+    e = y[:, None] - pred
+    return torch.maximum(quantiles * e, (quantiles - 1.0) * e).mean()
+
+
+def quantile_class_probs(q: torch.Tensor, theta: torch.Tensor, quantiles) -> torch.Tensor:
+    """Class probabilities [n, 3] (down, flat, up) from return quantiles [n, 3] (in the units
+    of theta), reading them as a normal distribution: mean the median, standard deviation
+    (q_hi - q_lo) / (z(hi) - z(lo)). P(down) = P(r < -theta), P(up) = P(r > theta). A median
+    forecast shrinks towards 0 under noise, so comparing it with theta alone would call nearly
+    everything flat; the spread says how sure the forecast is."""
+    lo, hi = quantiles[0], quantiles[2]
+    z = torch.distributions.Normal(0.0, 1.0)
+    spread = float(z.icdf(torch.tensor(hi)) - z.icdf(torch.tensor(lo)))
+    sd = ((q[:, 2] - q[:, 0]).abs() / spread).clamp_min(1e-6)
+    down = z.cdf((-theta - q[:, 1]) / sd)
+    up = 1.0 - z.cdf((theta - q[:, 1]) / sd)
+    return torch.stack([down, (1.0 - down - up).clamp_min(0.0), up], -1)
 
 
 def classification_metrics(pred: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
@@ -239,6 +276,10 @@ class SupervisedAgent:
         self.ret_h = horizon_returns(data, cfg.horizon)
         self.labels = torch.ones(n, dtype=torch.long, device=dev)  # set per fold
         self.theta = torch.zeros((), device=dev)
+        # The return target: r_h over its standard deviation on the fold's train samples.
+        self.ret_scale = torch.ones((), device=dev)
+        self.y_ret = torch.zeros(n, device=dev)
+        self.quantiles = torch.tensor(cfg.quantiles, device=dev)
         self.train_t = torch.zeros(n, dtype=torch.long, device=dev)  # the fold's samples
         self.n_train = torch.zeros((), dtype=torch.long, device=dev)
         self.batch_t = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
@@ -293,6 +334,8 @@ class SupervisedAgent:
         r = self.ret_h[a:b]
         self.theta.copy_(torch.quantile(r.abs().double(), 1.0 / 3.0).float())
         self.labels.copy_(label(self.ret_h, self.theta))
+        self.ret_scale.copy_(r.double().std().clamp_min(1e-12).float())
+        self.y_ret.copy_(self.ret_h / self.ret_scale)
         self.train_t[: b - a].copy_(torch.arange(a, b, device=self.device))
         self.n_train.fill_(b - a)
         self.samples = b - a
@@ -309,11 +352,23 @@ class SupervisedAgent:
 
     def _loss(self, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         with self._autocast():
-            logits = self.net(windows(self.data, t, self.cfg.window))
+            out = self.net(windows(self.data, t, self.cfg.window)).float()
         y = self.labels.index_select(0, t)
-        loss = F.cross_entropy(logits.float(), y)
-        acc = (logits.argmax(-1) == y).float().mean()
+        if self.cfg.target == "return":
+            loss = pinball(out, self.y_ret.index_select(0, t), self.quantiles)
+        else:
+            loss = F.cross_entropy(out, y)
+        acc = (self._classes(out)[0] == y).float().mean()
         return loss, acc.detach()
+
+    def _classes(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Predicted classes and class probabilities of network outputs: a softmax of the
+        logits (direction), or read from the forecast quantiles (return)."""
+        if self.cfg.target == "return":
+            p = quantile_class_probs(out, self.theta / self.ret_scale, self.cfg.quantiles)
+        else:
+            p = torch.softmax(out, -1)
+        return p.argmax(-1), p
 
     def _step(self) -> None:
         cfg = self.cfg
@@ -357,16 +412,29 @@ class SupervisedAgent:
         }
 
     # ------------------------------------------------------------------ evaluate
-    @torch.inference_mode()
+    @contextlib.contextmanager
+    def _evaluating(self):
+        """The network in eval mode (no dropout) and no autograd, then back to training."""
+        self.net.eval()
+        try:
+            with torch.inference_mode():
+                yield
+        finally:
+            self.net.train()
+
     def prepare_eval(self, lo: int, hi: int) -> None:
         """Predict every bar of [lo, hi) at once: the class and the size the policy reads."""
+        with self._evaluating():
+            self._predict(lo, hi)
+
+    def _predict(self, lo: int, hi: int) -> None:
         cfg = self.cfg
         for a in range(lo, hi, PREDICT_BATCH):
             t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
             with self._autocast():
-                logits = self.net(windows(self.data, t, cfg.window))
-            p = torch.softmax(logits.float(), -1)
-            self.pred[t] = p.argmax(-1)
+                out = self.net(windows(self.data, t, cfg.window)).float()
+            cls, p = self._classes(out)
+            self.pred[t] = cls
             self.size[t] = forecast_size(p, cfg.sizing)
 
     def extra_metrics(self, lo: int, hi: int) -> dict[str, float]:
@@ -374,13 +442,38 @@ class SupervisedAgent:
         a, b = sample_bars(lo, hi, self.cfg.horizon)
         return classification_metrics(self.pred[a:b], self.labels[a:b])
 
+    def explain(self, lo: int, hi: int) -> dict | None:
+        """Which columns the model reads on [lo, hi), where its network can say (TFT's
+        variable selection): each column's selection weight, averaged over the range's windows
+        and their bars, largest first. None for the other networks."""
+        if not getattr(self.net, "explains", False):
+            return None
+        total = torch.zeros(N_MKT, dtype=torch.float64, device=self.device)
+        with self._evaluating():
+            for a in range(lo, hi, PREDICT_BATCH):
+                t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
+                seen: dict = {}
+                with self._autocast():
+                    self.net(windows(self.data, t, self.cfg.window), explain=seen)
+                total += seen["variables"].double().mean(1).sum(0)
+        w = (total / max(hi - lo, 1)).tolist()
+        names = self.data.names or [f"column_{i}" for i in range(N_MKT)]
+        ranked = sorted(zip(names, w, strict=True), key=lambda kv: -kv[1])
+        what = "mean variable-selection weight over the range's windows and bars"
+        return {"variable_importance": dict(ranked), "bars": hi - lo, "what": what}
+
     def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         """Branch actions from the predictions (`orders`); graph-safe table reads."""
         return orders(self.pred.index_select(0, t), self.size.index_select(0, t), portfolio,
                       self.cfg.flat)  # fmt: skip
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return module_weights(self.net)
+        """The network's tensors; for the return target also the fold's label threshold and
+        return scale, which turn its forecasts into classes."""
+        w = module_weights(self.net)
+        if self.cfg.target == "return":
+            w["target.theta"], w["target.scale"] = self.theta, self.ret_scale
+        return w
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         copy_weights(self.weights(), weights)
@@ -402,7 +495,8 @@ class SupervisedAgent:
         st |= {f"opt.{k}": v for k, v in self.opt.state.get(self.flat, {}).items()
                if torch.is_tensor(v)}  # fmt: skip
         st["norm.mean"], st["norm.inv_std"] = self.data.mean, self.data.inv_std
-        for k in ("labels", "theta", "train_t", "n_train", "step_i", "total", "lr", "stats"):
+        for k in ("labels", "theta", "ret_scale", "y_ret", "train_t", "n_train", "step_i",
+                  "total", "lr", "stats"):  # fmt: skip
             st[k] = getattr(self, k)
         return st
 
@@ -420,14 +514,19 @@ class SupervisedAgent:
 # ---------------------------------------------------------------------------------- serving
 def acting_net(cfg: SupervisedConfig, tensors: dict[str, torch.Tensor]):
     """A checkpoint's network on the CPU: windows [n, window, 50] -> class probabilities [n, 3]
-    (down, flat, up). A served supervised model predicts; turning a prediction into an order
-    depends on the position held (`SupervisedAgent.greedy`)."""
+    (down, flat, up; read from the quantiles for the return target). A served
+    supervised model predicts; turning a prediction into an order depends on the position held
+    (`SupervisedAgent.greedy`)."""
     net = cfg.build(N_MKT)
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
     net.eval()
 
     def predict(x: torch.Tensor) -> torch.Tensor:
         with torch.inference_mode():
-            return torch.softmax(net(x).float(), -1)
+            out = net(x).float()
+            if cfg.target == "return":
+                theta = tensors["target.theta"] / tensors["target.scale"]
+                return quantile_class_probs(out, theta, cfg.quantiles)
+            return torch.softmax(out, -1)
 
     return predict

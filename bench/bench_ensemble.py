@@ -1,0 +1,89 @@
+"""The ensemble's inference latency: every member predicting a range in parallel (vmap over the
+seeds of an architecture, CUDA streams across architectures) against one member after another.
+
+    python3 bench/bench_ensemble.py                  on a CUDA device (goal: >= 3x for 8 models)
+    python3 bench/bench_ensemble.py --cpu-smoke      tiny sizes on the CPU: checks the script runs
+
+Members: TLOB, CfC, Mamba-2 and TFT at their GPU defaults, `--seeds` each (2: 8 models), on the
+standard workload's 2,000,000 bars (bench_train.host_data); the range is `--bars` bars of val
+(100,000), predicted in pieces of 2,048 windows of 128 bars. Untrained weights: the latency does
+not depend on them. Each mode: one warm-up, then the median of `--repeats`; the two modes give
+the same probabilities (checked). Prints a table; JSON to $OUT or /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_train import host_data, sync
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.models.ensemble import EnsembleAgent, EnsembleConfig
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--bars", type=int, default=100_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--members", default="tlob,cfc,mamba2,tft")
+    args = ap.parse_args()
+    smoke = args.cpu_smoke
+    dev = torch.device("cpu" if smoke else "cuda")
+    n = 20_000 if smoke else 2_000_000
+    data = MarketData(*host_data(n), dev)
+    small = dict(window=16, batch_size=64) if smoke else {}
+    cfg = EnsembleConfig(members=tuple(args.members.split(",")), seeds=args.seeds)
+    cfg = dataclasses.replace(cfg, **{m: dataclasses.replace(getattr(cfg, m), **small)
+                                      for m in cfg.members})  # fmt: skip
+    agent = EnsembleAgent(cfg, EnvConfig(), data, seed=0)
+    train = (0, int(n * 0.6))
+    agent.reset_fold(*train, seed=1)
+    lo = train[1]
+    hi = lo + (2_000 if smoke else args.bars)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    res: dict = {"device": name, "torch": torch.__version__, "members": len(agent.members),
+                 "bars": hi - lo}  # fmt: skip
+    out = {}
+    modes = ("sequential", "vmap") if smoke else ("sequential", "auto")
+    for mode in modes:
+        agent.cfg = dataclasses.replace(agent.cfg, parallel=mode)
+        agent.member_predictions(lo, hi)  # warm-up
+        times = []
+        for _ in range(1 if smoke else args.repeats):
+            sync(dev)
+            t0 = time.perf_counter()
+            out[mode] = agent.member_predictions(lo, hi)
+            sync(dev)
+            times.append(time.perf_counter() - t0)
+        res[mode] = {"median_s": statistics.median(times), "runs_s": times}
+        runs = ", ".join(f"{t * 1e3:.1f}" for t in times)
+        print(f"{mode:10s} {len(agent.members)} models, {hi - lo:,} bars: "
+              f"{statistics.median(times) * 1e3:8.1f} ms (runs {runs})", flush=True)  # fmt: skip
+    a, b = (out[m] for m in modes)
+    res["max_prob_diff"] = float((a - b).abs().max())
+    res["speedup"] = res[modes[0]]["median_s"] / res[modes[1]]["median_s"]
+    print(
+        f"parallel / sequential: {res['speedup']:.2f}x faster; same probabilities within "
+        f"{res['max_prob_diff']:.2g}"
+    )
+    path = Path(os.environ.get("OUT", "/tmp")) / "bench_ensemble.json"
+    path.write_text(json.dumps(res, indent=2))
+    print(f"results in {path}")
+
+
+if __name__ == "__main__":
+    main()
