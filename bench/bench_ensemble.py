@@ -5,10 +5,11 @@ seeds of an architecture, CUDA streams across architectures) against one member 
     python3 bench/bench_ensemble.py --cpu-smoke      tiny sizes on the CPU: checks the script runs
 
 Members: TLOB, CfC, Mamba-2 and TFT at their GPU defaults, `--seeds` each (2: 8 models), on the
-standard workload's 2,000,000 bars (bench_train.host_data); the range is `--bars` bars of val
-(100,000), predicted in pieces of 2,048 windows of 128 bars. Untrained weights: the latency does
-not depend on them. Each mode: one warm-up, then the median of `--repeats`; the two modes give
-the same probabilities (checked). Prints a table; JSON to $OUT or /tmp.
+standard workload's 2,000,000 bars (foxhunt.bench.workload.standard_market); the range is
+`--bars` bars of val (100,000), predicted in pieces of 2,048 windows of 128 bars. Untrained
+weights: the latency does not depend on them. Each mode: one warm-up, then the median of
+`--repeats`; the two modes give the same probabilities (checked). Prints a table; JSON to $OUT
+or /tmp.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train import host_data, sync
+from bench_train import sync
+from foxhunt.bench.workload import standard_market
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.models.ensemble import EnsembleAgent, EnsembleConfig
@@ -44,7 +46,7 @@ def main() -> None:
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
     n = 20_000 if smoke else 2_000_000
-    data = MarketData(*host_data(n), dev)
+    data = MarketData(*standard_market(n), dev)
     small = dict(window=16, batch_size=64) if smoke else {}
     cfg = EnsembleConfig(members=tuple(args.members.split(",")), seeds=args.seeds)
     cfg = dataclasses.replace(cfg, **{m: dataclasses.replace(getattr(cfg, m), **small)

@@ -16,10 +16,10 @@
   step without compilation (eager), and against `ncps.torch.CfC` (the authors' package, eager)
   with the same sizes, where ncps is importable.
 
-Data: the standard synthetic workload's 2,000,000 bars (bench_train.host_data), labels from
-the 10-bar return (three classes). Samples/s counts the optimiser steps' samples after a
-warm-up; the reference's time includes its DataLoader, as a user of it pays. Prints a table;
-JSON to $OUT or /tmp.
+Data: the standard synthetic workload's 2,000,000 bars (foxhunt.bench.workload.standard_market),
+labels from the 10-bar return (three classes). Samples/s counts the optimiser steps' samples
+after a warm-up; the reference's time includes its DataLoader, as a user of it pays. Prints a
+table; JSON to $OUT or /tmp.
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_train import host_data, sync
+from bench_train import sync
+from foxhunt.bench.workload import standard_market
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -184,7 +185,7 @@ def main() -> None:
     window = 32 if smoke else 128
     batch = 32 if smoke else args.batch
     steps, warm = (3, 2) if smoke else (50, 20)
-    feats, ofi, targets = host_data(n)
+    feats, ofi, targets = standard_market(n)
     data = MarketData(feats, ofi, targets, dev)
     train = (0, int(n * 0.6))
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",

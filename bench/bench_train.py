@@ -44,11 +44,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.bench.workload import standard_market
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
@@ -64,18 +64,6 @@ def ci95(xs: list[float]) -> tuple[float, float]:
     if len(xs) < 2:
         return m, float("nan")
     return m, T95.get(len(xs), 2.0) * statistics.stdev(xs) / math.sqrt(len(xs))
-
-
-def host_data(n: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    feats = rng.standard_normal((n, 42), dtype=np.float32)
-    ofi = rng.standard_normal((n, 8), dtype=np.float32)
-    close = np.exp(math.log(100.0) + np.cumsum(rng.normal(0, 1e-3, n)))
-    openp = np.concatenate([close[:1], close[:-1]])
-    sp = rng.uniform(0, 5e-4, (n, 2))
-    high = np.maximum(openp, close) * (1 + sp[:, 0])
-    low = np.minimum(openp, close) * (1 - sp[:, 1])
-    return feats, ofi, np.stack([openp, high, low, close], 1)
 
 
 def sync(dev):
@@ -174,7 +162,7 @@ def main() -> None:
     n = 20_000 if args.cpu_smoke else 2_000_000
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"}
     res["torch"] = torch.__version__
-    feats, ofi, targets = host_data(n)
+    feats, ofi, targets = standard_market(n)
 
     ups = []
     for _ in range(3):

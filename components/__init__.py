@@ -3,6 +3,7 @@
 pod starts without pip. Data lives on volumes: `raw_dir` (the raw-data PVC) and `work_dir` (the
 fxcache PVC: ingested/, fxcache/, folds/, runs/, report/); artifacts carry the small files."""
 
+from components.bench import bench
 from components.folds import folds
 from components.images import CPU_IMAGE, GPU_IMAGE
 from components.ingest import ingest, scan_raw
@@ -14,6 +15,7 @@ from components.train import train
 __all__ = [
     "CPU_IMAGE",
     "GPU_IMAGE",
+    "bench",
     "end_tracking",
     "folds",
     "ingest",

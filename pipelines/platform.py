@@ -48,6 +48,7 @@ RESOURCES = {
     "folds": Resources("1", "4G"),
     "tracking": Resources("500m", "1G"),
     "train": Resources("8", "64G", gpu=1),
+    "bench": Resources("8", "64G", gpu=1),
     "report": Resources("1", "4G"),
 }
 
@@ -66,6 +67,7 @@ TIMEOUTS = {
     "folds": 600,
     "tracking": 600,
     "train": 24 * 3600,
+    "bench": 4 * 3600,
     "report": 1800,
 }
 

@@ -532,3 +532,21 @@ def test_one_image_tag_everywhere(tmp_path):
     assert "--image $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)" in make
     for image in ("foxhunt-cpu", "foxhunt-gpu", "foxhunt-mlflow"):
         assert f"$(REGISTRY)/{image}:$(IMAGE_TAG)" in make
+
+
+def test_gpu_benchmark_runs_foxhunt_bench_on_a_gpu_node(compiled):
+    """One GPU task with the fxcache volume (where report.json of earlier runs, the gate's
+    baselines, are kept) and the MLflow Secret; its Markdown report shows in the UI."""
+    text, doc = compiled["gpu-benchmark.yaml"]
+    assert set(tasks(doc)) == {"bench"}
+    c = executor(doc, "bench")
+    assert c["image"] == GPU_IMAGE and c["resources"]["accelerator"]["resourceCount"] == "1"
+    k8s = doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-bench"]
+    assert k8s["pvcMount"][0]["mountPath"] == "/data/work"
+    assert k8s["secretAsEnv"][0]["secretName"] == "foxhunt-mlflow"
+    assert int(k8s["activeDeadlineSeconds"]) == 4 * 3600
+    outs = doc["components"]["comp-bench"]["outputDefinitions"]["artifacts"]
+    assert outs["markdown"]["artifactType"]["schemaTitle"] == "system.Markdown"
+    params = doc["root"]["inputDefinitions"]["parameters"]
+    assert params["models"]["defaultValue"] == "dqn,ppo,pqn,tlob,cfc,mamba2,tft"
+    assert "SENTINEL" not in text

@@ -309,3 +309,22 @@ def test_tft_forecasts_quantiles_and_says_which_columns_it_reads(demo_es, tmp_pa
     L = cfg.tft.window
     assert (got[L - 1 :] == want[L - 1 :]).all()
     assert len(set(want[:, 0].tolist())) > 1  # the forecasts are not all one class
+
+
+def test_two_accumulated_micro_batches_step_as_one_batch_of_both():
+    """accumulate = 2 at batch B takes the optimiser steps one batch of 2B takes (the same
+    samples, the same order): same weights and statistics within float tolerance."""
+    data = random_market(2000, 4)
+    runs = {}
+    for B, acc in ((64, 2), (128, 1)):
+        cfg = TLOBConfig(**{**vars(TLOB_TINY), "batch_size": B, "accumulate": acc, "steps": 3})
+        a = SupervisedAgent(cfg, EnvConfig(), data, seed=5)
+        a.reset_fold(100, 1500, seed=2)
+        a.begin_epoch(0, 1)
+        torch.manual_seed(9)  # the same permutation of the samples
+        a.learn()
+        runs[B] = (a.flat.detach().clone(), a.read_stats())
+    (p1, s1), (p2, s2) = runs[64], runs[128]
+    torch.testing.assert_close(p1, p2, rtol=1e-4, atol=1e-5)  # Adam: lr-sized steps
+    for k in ("losses/loss", "losses/grad_norm", "charts/train_accuracy"):
+        assert s1[k] == pytest.approx(s2[k], rel=1e-5), k

@@ -7,6 +7,7 @@
     foxhunt folds --help      walk-forward train/val/test ranges of a cache, as JSON
     foxhunt train --help      an agent over the folds (Rainbow DQN), on a GPU or the CPU
     foxhunt report --help     test metrics over folds and seeds, deflated Sharpe, equity curves
+    foxhunt bench --help      training speed, memory and stability of every model on this machine
 
 Each subcommand parses into the step's typed config dataclass (its field docstrings are the
 `--help` text) and calls the step's one function, exactly as the KFP component does.
@@ -38,6 +39,7 @@ COMMANDS = {
     "folds": ("foxhunt.folds.core", "FoldsConfig"),
     "train": ("foxhunt.train.core", "TrainConfig"),
     "report": ("foxhunt.report.core", "ReportConfig"),
+    "bench": ("foxhunt.bench.core", "BenchConfig"),
 }
 
 
@@ -186,6 +188,21 @@ def cmd_report(cfg) -> int:
     return 0
 
 
+def cmd_bench(cfg) -> int:
+    from foxhunt.bench.core import run_bench
+
+    rep = run_bench(cfg)
+    if "decision" in rep:
+        d = rep["decision"]
+        print(f"decision: {d['recommendation']} ({d['reason']})")
+    print(f"{cfg.out / 'report.md'} and report.json")
+    failures = rep.get("gate", {}).get("failures", [])
+    for f in failures:
+        console.print(f"[red]slower than the baseline:[/red] {f}", soft_wrap=True)
+    bad = [m for m, w in rep["workloads"].items() if w["status"] != "ok"]
+    return 1 if failures or bad else 0
+
+
 def usage() -> str:
     return f"usage: foxhunt COMMAND [--help | OPTIONS]\n\n{__doc__.strip()}\n"
 
@@ -209,9 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     module, cls_name = COMMANDS[name]
     cls = getattr(importlib.import_module(module), cls_name)
     # A config's __post_init__ refusing a value (ValueError) is reported by tyro, exit 2.
-    # train's nested configs keep their prefixes (--dqn.lr, --ppo.lr, --env.fee-bps): the
-    # three agents share field names.
-    flat = () if name == "train" else (tyro.conf.OmitArgPrefixes,)
+    # train's and bench's nested configs keep their prefixes (--dqn.lr, --ppo.lr,
+    # --env.fee-bps; --plan.epochs): their fields share names.
+    flat = () if name in ("train", "bench") else (tyro.conf.OmitArgPrefixes,)
     cfg = tyro.cli(cls, args=rest, prog=f"foxhunt {name}", config=flat)
     try:
         return globals()[f"cmd_{name}"](cfg)

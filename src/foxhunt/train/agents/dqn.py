@@ -58,6 +58,7 @@ from foxhunt.train.agents.common import (
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
+    mark_step,
     module_weights,
     resolve,
     run_state,
@@ -502,6 +503,7 @@ class RainbowAgent:
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.rounds = 1  # an epoch is one collection block and one block of learning steps
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self._reset_lists = None
         if cfg.compile:
             self._loss = torch.compile(self._loss, mode=cfg.compile_mode, dynamic=False)
@@ -720,6 +722,7 @@ class RainbowAgent:
                 g.replay()
             else:
                 self._learn_step()
+            mark_step(self.step_marks, self.device)
 
     def read_stats(self) -> dict[str, float]:
         """The epoch's accumulated statistics (one device -> host read), then zeroed."""

@@ -45,6 +45,7 @@ from foxhunt.train.agents.common import (
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
+    mark_step,
     module_weights,
     resolve,
     restart,
@@ -252,6 +253,7 @@ class PPOAgent:
         self.micro = self.n // (cfg.minibatches * cfg.accumulate)
         self.stats = torch.zeros(len(STATS), device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self.rounds = cfg.rounds
         self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
         self.total_rounds = 1
@@ -361,6 +363,7 @@ class PPOAgent:
             self.graphs["update"].replay()
         else:
             self._update()
+        mark_step(self.step_marks, self.device)  # a step here: one whole update
         self.round += 1
 
     def read_stats(self) -> dict[str, float]:

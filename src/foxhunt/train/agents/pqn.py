@@ -36,6 +36,7 @@ from foxhunt.train.agents.common import (
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
+    mark_step,
     module_weights,
     resolve,
     restart,
@@ -166,6 +167,7 @@ class PQNAgent:
         self.mb = self.n // cfg.minibatches
         self.stats = torch.zeros(len(STATS), device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self.rounds = cfg.rounds
         self.round, self.total_rounds = 0, 1
         if cfg.compile:
@@ -263,6 +265,7 @@ class PQNAgent:
             self.graphs["update"].replay()
         else:
             self._update()
+        mark_step(self.step_marks, self.device)  # a step here: one whole update
         self.round += 1
 
     def read_stats(self) -> dict[str, float]:

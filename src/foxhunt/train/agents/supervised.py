@@ -56,6 +56,7 @@ from foxhunt.train.agents.common import (
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
+    mark_step,
     module_weights,
     resolve,
     restart,
@@ -92,6 +93,9 @@ class SupervisedConfig:
     `max_batch` whose step fits in half the free memory, foxhunt.train.sizer; 256 on a CPU)."""
     max_batch: int = 4096
     """The largest batch the device sizer may choose."""
+    accumulate: int = 1
+    """Micro-batches of `batch_size` whose gradients add up before one optimiser step: an
+    effective batch of batch_size x accumulate where that many samples do not fit at once."""
     steps: int | None = None
     """Optimiser steps per epoch (default: one pass over the fold's train samples)."""
     lr: float = 1e-3
@@ -117,7 +121,7 @@ class SupervisedConfig:
         for k in ("window", "horizon"):
             if getattr(self, k) < 1:
                 raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
-        for k in ("batch_size", "steps", "max_batch"):
+        for k in ("batch_size", "steps", "max_batch", "accumulate"):
             if getattr(self, k) is not None and getattr(self, k) < 1:
                 raise ValueError(f"{k} = {getattr(self, k)}: must be at least 1")
         for k in ("lr", "grad_clip"):
@@ -282,13 +286,14 @@ class SupervisedAgent:
         self.quantiles = torch.tensor(cfg.quantiles, device=dev)
         self.train_t = torch.zeros(n, dtype=torch.long, device=dev)  # the fold's samples
         self.n_train = torch.zeros((), dtype=torch.long, device=dev)
-        self.batch_t = torch.zeros(cfg.batch_size, dtype=torch.long, device=dev)
+        self.batch_t = torch.zeros(cfg.batch_size * cfg.accumulate, dtype=torch.long, device=dev)
         self.step_i = torch.zeros((), device=dev)  # optimiser steps taken in this fold
         self.total = torch.ones((), device=dev)  # steps the fold will take
         self.pred = torch.full((n,), 1, dtype=torch.long, device=dev)  # predicted class per bar
         self.size = torch.full((n,), len(SIZES) - 1, dtype=torch.long, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self.rounds = 1
         self.samples = 0  # host copy of n_train
         if cfg.compile:
@@ -326,10 +331,10 @@ class SupervisedAgent:
         restart(self.net, self.init_state, [self.stats, self.step_i], self.opt)
         self.data.fit_normaliser(train_lo, train_hi)
         a, b = sample_bars(train_lo, train_hi, self.cfg.horizon)
-        if b - a < self.cfg.batch_size:
+        if b - a < len(self.batch_t):
             raise ValueError(
                 f"train range [{train_lo}, {train_hi}) holds {b - a} samples at horizon "
-                f"{self.cfg.horizon}, fewer than one batch of {self.cfg.batch_size}"
+                f"{self.cfg.horizon}, fewer than one batch of {len(self.batch_t)}"
             )
         r = self.ret_h[a:b]
         self.theta.copy_(torch.quantile(r.abs().double(), 1.0 / 3.0).float())
@@ -341,7 +346,7 @@ class SupervisedAgent:
         self.samples = b - a
 
     def steps_per_epoch(self) -> int:
-        return self.cfg.steps or max(1, self.samples // self.cfg.batch_size)
+        return self.cfg.steps or max(1, self.samples // len(self.batch_t))
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         self.total.fill_(epochs * self.steps_per_epoch())
@@ -375,8 +380,11 @@ class SupervisedAgent:
         self.lr.copy_(cfg.lr * step_lr_factor(self.step_i, self.total, cfg.warmup))
         for p in self.params:
             p.grad = None
-        loss, acc = self._loss(self.batch_t)
-        loss.backward()
+        loss = acc = 0.0
+        for micro in self.batch_t.view(cfg.accumulate, cfg.batch_size):
+            part, part_acc = self._loss(micro)
+            (part / cfg.accumulate).backward()  # gradients add up over the micro-batches
+            loss, acc = loss + part.detach() / cfg.accumulate, acc + part_acc / cfg.accumulate
         self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
         gn = clip_and_step(self.flat, self.opt, cfg.grad_clip)
         with torch.no_grad():
@@ -386,7 +394,8 @@ class SupervisedAgent:
     def learn(self) -> None:
         """One epoch: `steps_per_epoch` minibatches, a fresh permutation of the fold's samples
         for every pass over them (drawn on the device)."""
-        B, per_pass = self.cfg.batch_size, max(1, self.samples // self.cfg.batch_size)
+        B = len(self.batch_t)  # the effective batch: batch_size x accumulate
+        per_pass = max(1, self.samples // B)
         g = self.graphs.get("step")
         perm = None
         for k in range(self.steps_per_epoch()):
@@ -398,6 +407,7 @@ class SupervisedAgent:
                 g.replay()
             else:
                 self._step()
+            mark_step(self.step_marks, self.device)
 
     def read_stats(self) -> dict[str, float]:
         v = self.stats.tolist()
@@ -483,7 +493,7 @@ class SupervisedAgent:
         """The training step as a CUDA graph (state and RNG restored after the warm-up)."""
 
         def warmup():
-            self.batch_t.copy_(torch.arange(self.cfg.batch_size, device=self.device))
+            self.batch_t.copy_(torch.arange(len(self.batch_t), device=self.device))
             for _ in range(3):
                 self._step()
 

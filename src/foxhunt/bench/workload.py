@@ -1,0 +1,256 @@
+"""One benchmark workload: a model `foxhunt train` knows, built at given sizes over the
+standard synthetic market (or a real fxcache), trained for warm-up and timed epochs.
+
+Per epoch, with CUDA events on a GPU (the host clock on a CPU) and no synchronisation inside:
+collection, learning and evaluation of the val range, and each learning step (the agents'
+`step_marks` hook: a DQN learning step, a PPO/PQN update, a supervised optimiser step). The
+device is synchronised once per epoch, where the agent's statistics are read. Peak GPU memory
+is taken per phase (build, fold reset, capture and compilation, collection, learning,
+evaluation) from the allocator's counters, reset at each phase's start; host RSS at the end.
+
+Run in a process of its own by `foxhunt bench` (`python -m foxhunt.bench.workload <json>`
+prints the result as JSON on its last line), so that repeats are independent processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import resource
+import sys
+import time
+
+import numpy as np
+import torch
+
+from foxhunt.bench import stability
+
+
+def standard_market(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The standard workload's market (../shared/bench/README.md): n bars of 42 + 8 i.i.d.
+    N(0, 1) features and order-flow columns, closes from a geometric random walk, opens at the
+    previous close, highs and lows a little outside them."""
+    rng = np.random.default_rng(seed)
+    feats = rng.standard_normal((n, 42), dtype=np.float32)
+    ofi = rng.standard_normal((n, 8), dtype=np.float32)
+    close = np.exp(math.log(100.0) + np.cumsum(rng.normal(0, 1e-3, n)))
+    openp = np.concatenate([close[:1], close[:-1]])
+    sp = rng.uniform(0, 5e-4, (n, 2))
+    high = np.maximum(openp, close) * (1 + sp[:, 0])
+    low = np.minimum(openp, close) * (1 - sp[:, 1])
+    return feats, ofi, np.stack([openp, high, low, close], 1)
+
+
+def model_config(model: str, sets: dict):
+    """The model's config class at its defaults with `sets` (field -> value) applied."""
+    from foxhunt.train.agents import AGENTS
+
+    cls = AGENTS[model].load()[0]
+    known = {f.name for f in dataclasses.fields(cls)}
+    bad = sorted(set(sets) - known)
+    if bad:
+        raise ValueError(f"{model} has no field(s) {bad}")
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in sets.items()})
+
+
+def epoch_sizes(agent) -> tuple[int, int]:
+    """Env steps and learner samples of one epoch (the sizes' product, as the agent runs)."""
+    from foxhunt.train.agents.dqn import RainbowAgent
+    from foxhunt.train.agents.supervised import SupervisedAgent
+
+    c = agent.cfg
+    if isinstance(agent, SupervisedAgent):
+        return 0, agent.steps_per_epoch() * len(agent.batch_t)
+    if isinstance(agent, RainbowAgent):
+        return c.envs * c.collect_steps, c.learn_steps * c.batch_size
+    if hasattr(c, "rollout_steps"):
+        steps = c.envs * c.rollout_steps * c.rounds
+        return steps, steps * c.update_epochs
+    return 0, 0  # the ensemble: its members' sums are not one batch size
+
+
+class Clock:
+    """Marks on the device's timeline: CUDA events on a GPU, the host clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        e = torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
+
+    def seconds(self, a, b) -> float:
+        return a.elapsed_time(b) / 1e3 if self.cuda else b - a
+
+
+class Memory:
+    """Peak GPU memory per phase, from the allocator (no device synchronisation)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.peaks: dict[str, int] = {}
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+
+    def end(self, phase: str) -> None:
+        if self.cuda:
+            self.peaks[phase] = max(self.peaks.get(phase, 0), torch.cuda.max_memory_allocated())
+
+
+def train_flops(agent) -> float | None:
+    """FLOPs of one supervised optimiser step (forward and backward, eager), by torch's
+    FlopCounterMode; None for the agents (their work is not one network's step)."""
+    from foxhunt.train.agents.supervised import SupervisedAgent
+
+    if not isinstance(agent, SupervisedAgent):
+        return None
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with FlopCounterMode(display=False) as fc:
+        for micro in agent.batch_t.view(agent.cfg.accumulate, agent.cfg.batch_size):
+            loss, _ = type(agent)._loss(agent, micro)  # the eager loss, not a compiled one
+            loss.backward()
+    for p in agent.params:
+        p.grad = None
+    return float(fc.get_total_flops())
+
+
+def run_workload(spec: dict) -> dict:
+    """Build, warm up and time one workload; see the module doc. `spec`: model, sets (config
+    fields), device, bars, val_bars, warmup, epochs, seed, and optionally memory_snapshot (a
+    path for torch's memory snapshot of the timed epochs)."""
+    from foxhunt.train.agents import AGENTS
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.env import EnvConfig
+    from foxhunt.train.evaluate import Evaluator
+
+    dev = torch.device(spec["device"])
+    torch.manual_seed(spec.get("seed", 0))
+    n, val_bars = spec["bars"], spec["val_bars"]
+    data = MarketData(*standard_market(n, spec.get("data_seed", 0)), dev)
+    train = (0, int(n * 0.6))
+    val = (train[1], min(n - 2, train[1] + val_bars))
+    cfg = model_config(spec["model"], spec.get("sets", {}))
+    mem, clock = Memory(dev), Clock(dev)
+    t = {}
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    mem.start()
+    t0 = time.perf_counter()
+    agent = AGENTS[spec["model"]].load()[1](cfg, EnvConfig(), data, spec.get("seed", 0))
+    sync()
+    t["build_s"] = time.perf_counter() - t0
+    mem.end("build")
+    graph = agent.cfg.capture == "graph"
+    mem.start()
+    t0 = time.perf_counter()
+    agent.reset_fold(*train, seed=1)
+    sync()
+    t["fold_reset_s"] = time.perf_counter() - t0
+    mem.end("fold_reset")
+    mem.start()
+    t0 = time.perf_counter()
+    if graph:
+        agent.capture()  # compilation happens here, at the warm-up runs
+    sync()
+    t["capture_s"] = time.perf_counter() - t0
+    mem.end("capture")
+    evaluator = Evaluator(EnvConfig(), data, spec.get("eval_segments") or (1024 if dev.type ==
+                          "cuda" else 16), capture=graph)  # fmt: skip
+    prepare = getattr(agent, "prepare_eval", None)
+    calibrate = getattr(agent, "calibrate", None)
+    epochs, history, steps_s = [], [], []
+    total = spec["warmup"] + spec["epochs"]
+    snapshot = spec.get("memory_snapshot")
+    for e in range(total):
+        timed = e >= spec["warmup"]
+        if timed and snapshot and e == spec["warmup"] and dev.type == "cuda":
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        agent.begin_epoch(e, total)
+        marks = {"start": clock.mark()}
+        phase_s = {"collect": [], "learn": []}
+        step_marks: list = []
+        for _ in range(agent.rounds):
+            a = clock.mark()
+            mem.start()
+            agent.collect()
+            b = clock.mark()
+            mem.end("collect")
+            mem.start()
+            step_marks.append(b)
+            agent.step_marks = step_marks
+            agent.learn()
+            agent.step_marks = None
+            c = clock.mark()
+            mem.end("learn")
+            phase_s["collect"].append((a, b))
+            phase_s["learn"].append((b, c))
+            # the next round's first step starts after this round's collection
+            step_marks.append(None)
+        mem.start()
+        if calibrate is not None:
+            calibrate(*val)
+        if prepare is not None:
+            prepare(*val)
+        evaluator.run(agent.greedy, *val, graph=graph)
+        marks["end"] = clock.mark()
+        mem.end("eval")
+        stats = agent.read_stats()  # the one synchronisation of the epoch
+        sync()
+        history.append(stats)
+        if not timed:
+            continue
+        collect = sum(clock.seconds(a, b) for a, b in phase_s["collect"])
+        learn = sum(clock.seconds(a, b) for a, b in phase_s["learn"])
+        total_s = clock.seconds(marks["start"], marks["end"])
+        epochs.append({"collect_s": collect, "learn_s": learn, "train_s": collect + learn,
+                       "eval_s": total_s - collect - learn, "epoch_s": total_s})  # fmt: skip
+        prev = None
+        for m in step_marks:
+            if m is not None and prev is not None:
+                steps_s.append(clock.seconds(prev, m))
+            prev = m
+    if snapshot and dev.type == "cuda":
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    env_steps, samples = epoch_sizes(agent)
+    flops = train_flops(agent)
+    out = {
+        "model": spec["model"], "sets": spec.get("sets", {}),
+        "resolved": json.loads(json.dumps(dataclasses.asdict(agent.cfg), default=str)),
+        "params": sum(p.numel() for p in agent.params) if hasattr(agent, "params") else None,
+        "start": t, "epochs": epochs, "steps_s": steps_s,
+        "env_steps_per_epoch": env_steps, "samples_per_epoch": samples,
+        "train_flops_per_step": flops, "optimizer_steps_per_epoch": (
+            agent.steps_per_epoch() if hasattr(agent, "steps_per_epoch") else None),
+        "memory_peak_bytes": mem.peaks,
+        "host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "stability": stability.check(history), "history": history,
+    }  # fmt: skip
+    return out
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    if spec["device"] == "cpu" and spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    try:
+        res = run_workload(spec)
+    except torch.cuda.OutOfMemoryError as e:
+        res = {"model": spec["model"], "error": f"out of memory: {str(e)[:300]}"}
+    except Exception as e:  # reported in the benchmark's table, beside the others' figures
+        res = {"model": spec["model"], "error": f"{type(e).__name__}: {str(e)[:500]}"}
+    print("\n" + json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()

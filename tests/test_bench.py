@@ -1,0 +1,104 @@
+"""foxhunt bench on the CPU with tiny workloads: the stability checks, the decision
+arithmetic, the accumulation arithmetic, hardware decoding, and the whole command: its report,
+the interleaved comparison and the regression gate catching a planted slowdown."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from foxhunt.bench import stability
+from foxhunt.bench.core import BenchConfig, accumulation, gate, run_bench
+from foxhunt.bench.decide import CostAssumptions, TrainingPlan, decide
+from foxhunt.bench.hardware import detect, throttle_reasons
+from foxhunt.cli import main as cli
+
+
+def h(loss, grad=1.0):
+    return {"losses/loss": loss, "losses/grad_norm": grad}
+
+
+def test_stability_checks():
+    ok = stability.check([h(1.0), h(0.8), h(0.7), h(0.65)])
+    assert ok["ok"] and ok["loss_trend"] == "falling"
+    assert stability.check([h(1.0), h(1.0), h(1.001)])["loss_trend"] == "flat"
+    bad = stability.check([h(1.0), h(float("nan"))])
+    assert not bad["ok"] and "non-finite" in bad["problems"][0]
+    boom = stability.check([h(1.0, 1.0), h(1.0, 1.2), h(1.0, 0.9), h(1.0, 5e3)])
+    assert not boom["ok"] and "exploding" in boom["problems"][0]
+    dead = stability.check([h(1.0, 0.0), h(1.0, 0.0)])
+    assert "vanishing" in dead["problems"][0]
+    div = stability.check([h(1.0), h(0.5), h(6.0)])
+    assert not div["ok"] and "diverged" in div["problems"][0]
+    rising = stability.check([h(1.0), h(2.0), h(3.0)])  # a rise alone is reported, no failure
+    assert rising["ok"] and rising["loss_trend"] == "rising"
+
+
+def test_the_decision_arithmetic_by_hand():
+    plan = TrainingPlan(folds=2, epochs=10, seeds=3, deadline_hours=1.0)
+    costs = CostAssumptions(cloud_usd_per_gpu_hour=2.0, cloud_slowdown=1.5,
+                            local_power_kw=0.5, energy_usd_per_kwh=0.2)  # fmt: skip
+    # a task: 2 folds x 10 epochs x 36 s + 60 s start = 780 s; 3 seeds x 2 models = 6 tasks
+    d = decide({"a": 36.0, "b": 36.0}, {"a": 60.0, "b": 60.0}, plan, costs)
+    gpu_h = 6 * 780 / 3600
+    assert d["tasks"] == 6 and d["hours_here"] == pytest.approx(gpu_h)
+    assert d["cost_here_usd"] == pytest.approx(gpu_h * 0.5 * 0.2)
+    assert d["cloud_gpu_hours"] == pytest.approx(gpu_h * 1.5)
+    assert d["cloud_cost_usd"] == pytest.approx(gpu_h * 1.5 * 2.0)
+    # 1.3 h here misses the 1 h deadline: the cloud, on ceil(1.95 / 1) = 2 GPUs
+    assert d["recommendation"] == "cloud" and d["cloud_gpus"] == 2
+    easy = decide({"a": 36.0}, {"a": 60.0}, TrainingPlan(folds=1, epochs=1, seeds=1), costs)
+    assert easy["recommendation"] == "here" and "within" in easy["reason"]
+
+
+def test_accumulation_reaches_the_effective_batch_in_equal_micro_batches():
+    assert accumulation(4096, 4096) == {"effective": 4096, "accumulate": 1, "micro_batch": 4096,
+                                        "effective_run": 4096}  # fmt: skip
+    a = accumulation(1024, 3000)
+    assert (a["accumulate"], a["micro_batch"], a["effective_run"]) == (3, 1000, 3000)
+    b = accumulation(1000, 4097)
+    assert b["accumulate"] == 5 and b["micro_batch"] <= 1000 and b["effective_run"] >= 4097
+
+
+def test_hardware_on_a_cpu_and_throttle_bits():
+    info = detect("cpu")
+    assert info["kind"] == "cpu" and info["host"]["cpu_count"] >= 1
+    assert throttle_reasons(0x1 | 0x4 | 0x40) == ["sw_power_cap", "hw_thermal_slowdown"]
+
+
+def test_the_gate_on_planted_samples():
+    base = {"workloads": {"m": {"status": "ok", "samples_train_s": [1.0 + i / 100 for i in
+                                                                   range(20)]}}}  # fmt: skip
+    slow = {"m": {"status": "ok", "samples_train_s": [2.0 + i / 100 for i in range(20)]}}
+    same = {"m": {"status": "ok", "samples_train_s": [1.0 + i / 100 for i in range(1, 21)]}}
+    assert gate(slow, base, 1.1, 0.01) and slow["m"]["vs_baseline"]["ratio_b_over_a"] > 1.9
+    assert gate(same, base, 1.1, 0.01) == []
+
+
+def test_the_command_reports_compares_and_gates_a_planted_slowdown(tmp_path):
+    """Two tiny DQN benchmarks in this process: the baseline, then one with 4x the learning
+    steps. The second run's interleaved comparison sees B slower, and the gate against the
+    first run's report fails the command."""
+    common = dict(models=("dqn",), epochs=6, warmup=1, repeats=2, in_process=True,
+                  threads=1, bars=5000, val_bars=500)  # fmt: skip
+    base = run_bench(BenchConfig(**common, out=tmp_path / "base", set=("dqn.learn_steps=4",)))
+    w = base["workloads"]["dqn"]
+    assert w["status"] == "ok" and w["train_s"]["n"] + w["train_s"]["outliers"] == 12
+    assert len(w["process_medians_s"]) == 2 and math.isfinite(w["spread"])
+    assert w["memory_peak_bytes"] == {} and w["host_rss_bytes"] > 0  # a CPU: no VRAM figures
+    assert w["step_s"]["n"] + w["step_s"]["outliers"] == 2 * 6 * 4  # every learning step timed
+    md = (tmp_path / "base" / "report.md").read_text()
+    assert "| dqn | ok |" in md and "Decision for" in md
+    code = cli(["bench", "--models", "dqn", "--epochs", "6", "--warmup", "1", "--repeats", "2",
+                "--in-process", "--threads", "1", "--bars", "5000", "--val-bars", "500",
+                "--set", "dqn.learn_steps=16", "--compare", "learn_steps=4",
+                "--baseline", str(tmp_path / "base" / "report.json"),
+                "--out", str(tmp_path / "slow")])  # fmt: skip
+    assert code == 1  # the gate failed the command
+    rep = json.loads((tmp_path / "slow" / "report.json").read_text())
+    g = rep["gate"]
+    assert len(g["failures"]) == 1 and g["failures"][0].startswith("dqn: median epoch")
+    cmp_ = rep["workloads"]["dqn"]["compare"]  # B = the baseline's 4 steps, faster than A's 16
+    assert cmp_["ratio_b_over_a"] < 0.7 and cmp_["p"] < 0.01
