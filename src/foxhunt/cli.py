@@ -168,10 +168,19 @@ def cmd_folds(cfg) -> int:
 
 
 def cmd_train(cfg) -> int:
+    from foxhunt.train import distributed
     from foxhunt.train.core import run_train
 
-    res = run_train(cfg)
-    print(res.summary())
+    if cfg.gpus > 1 and not distributed.launched():  # one process per GPU, through torchrun
+        try:
+            res = distributed.run_ranks(cfg)
+        except Exception as e:  # torchrun's ChildFailedError: a rank failed, the job ended
+            console.print(f"[red]train failed:[/red] {e}", soft_wrap=True)
+            return 1
+    else:
+        res = run_train(cfg)
+    if distributed.launched_rank() == 0:  # a data-parallel job's rank 0 speaks for it
+        print(res.summary())
     return 0
 
 

@@ -48,6 +48,7 @@ from foxhunt.folds.walkforward import FoldError, check_folds
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
+from foxhunt.train import distributed
 from foxhunt.train.agents import AGENTS, Agent, agent_class
 from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.ppo import PPOConfig
@@ -98,6 +99,9 @@ class TrainConfig:
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Training device (auto: CUDA when present, else the CPU)."""
+    gpus: int = 1
+    """Data-parallel processes on this node, one GPU each (foxhunt.train.distributed): above 1,
+    `foxhunt train` starts them through torchrun. On CPUs, processes (gloo)."""
     out: Path = Path("data/runs")
     """Where run directories (checkpoints, resume files, results) go."""
     run_id: str = ""
@@ -149,6 +153,8 @@ class TrainConfig:
             raise ValueError(f"seed = {self.seed}: must not be negative")
         if self.patience < 0:
             raise ValueError(f"patience = {self.patience}: must not be negative")
+        if self.gpus < 1:
+            raise ValueError(f"gpus = {self.gpus}: must be at least 1")
         if self.eval_segments is not None and self.eval_segments < 1:
             raise ValueError(f"eval_segments = {self.eval_segments}: must be at least 1")
 
@@ -164,6 +170,7 @@ class TrainConfig:
         others = [m for m in MODELS if m != self.model]
         for k in (*skip, "baselines", *others):
             d.pop(k)
+        d["gpus"] = distributed.world()[1]  # the ranks there are: they set the global batch
         d["folds_content"] = {
             k: folds_doc[k] for k in ("fxcache_key", "folds", "spec") if k in folds_doc
         }
@@ -322,9 +329,12 @@ def _save_atomic(obj, path: Path) -> None:
 
 
 def save_checkpoint(
-    agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
+    main: bool, agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
 ) -> None:
-    """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON)."""
+    """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON).
+    Written by rank 0 alone (`main`): the ranks' weights are the same."""
+    if not main:
+        return
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
@@ -401,7 +411,8 @@ def run_train(
 ) -> TrainResult:
     # Everything that can be checked is checked before the data is uploaded.
     doc = load_folds(cfg.folds)
-    device = pick_device(cfg.device)
+    # Under torchrun: join the job (process group, this rank's GPU); else the device asked for.
+    device = distributed.init(cfg.device) if distributed.launched() else pick_device(cfg.device)
     try:
         cfg.agent_config().resolved(device)
     except ValueError as e:
@@ -415,15 +426,17 @@ def run_train(
     digest = cfg.digest(doc)
     # One directory per run and configuration: a retried task (same run id) finds its resume
     # file there; a new run starts in a directory of its own.
-    run_id = cfg.run_id or new_run_id()
+    run_id = cfg.run_id or distributed.shared(new_run_id())  # rank 0's draw on every rank
     if cfg.run_id and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise TrainError(f"run_id {run_id!r}: only letters, digits, '.', '_' and '-'")
     run_dir = cfg.out / run_id / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
     log.info("run %s: %s", run_id, run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    clean_stale(run_dir)
-    resume_path = run_dir / "resume.pt"
-    with failure_note(run_dir, digest):
+    main = distributed.is_main()  # rank 0 alone writes results, checkpoints, MLflow
+    if main:
+        clean_stale(run_dir)
+    resume_path = run_dir / distributed.resume_name()  # every rank keeps its own
+    with failure_note(run_dir, digest) if main else contextlib.nullcontext():
         state = load_resume(resume_path) if cfg.resume and resume_path.exists() else None
         try:
             data = MarketData.from_fxcache(cache, device)
@@ -433,10 +446,11 @@ def run_train(
                 "such values: delete the cache directory and run precompute again"
             ) from None
         if logger is None:
-            logger = MlflowLogger(cfg.experiment) if cfg.tracking == "mlflow" else NullLogger()
+            mlflow = cfg.tracking == "mlflow" and main
+            logger = MlflowLogger(cfg.experiment) if mlflow else NullLogger()
         try:
             with sigterm_raises():
-                return _train_folds(
+                result = _train_folds(
                     cfg, doc, folds, cache, data, device, digest, run_id, run_dir, state,
                     logger, on_epoch_end,
                 )  # fmt: skip
@@ -445,6 +459,9 @@ def run_train(
             killed = isinstance(e, KeyboardInterrupt | SystemExit | Terminated)
             logger.abort("KILLED" if killed else "FAILED")
             raise
+    if distributed.launched():
+        distributed.finish()
+    return result
 
 
 @contextlib.contextmanager
@@ -497,7 +514,8 @@ def _train_folds(
     """The task once everything is checked and uploaded: build the agent, then each fold."""
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
-    resume_path = run_dir / "resume.pt"
+    resume_path = run_dir / distributed.resume_name()
+    main = distributed.is_main()
     log.info(
         "uploaded %d bars (%.0f MB) to %s in %.1f ms",
         data.n,
@@ -512,7 +530,7 @@ def _train_folds(
     evaluator = Evaluator(cfg.env, data, segments, capture=agent.cfg.capture == "graph")
     # The baselines step through the same env, costs and metrics in at least 64 pieces: a
     # sequential walk at a CPU task's 16 (or a test's 4) pieces is most of a demo task's time.
-    base_eval = Evaluator(cfg.env, data, max(segments, 64)) if cfg.baselines else None
+    base_eval = Evaluator(cfg.env, data, max(segments, 64)) if cfg.baselines and main else None
 
     greedy = agent.greedy
     # Optional parts of the interface (supervised models): predict a range before it is
@@ -598,7 +616,8 @@ def _train_folds(
         else:
             fold_params = params | {"fold": fold_description(fold, cache.timestamps)}
             month = fold["periods"]["test"][0][:7] if "periods" in fold else ""
-            agent.reset_fold(*ranges["train"], seed=cfg.seed * 100_003 + k)
+            # Each data-parallel rank collects with its own randomness (rank 0: the task's).
+            agent.reset_fold(*ranges["train"], seed=distributed.rank_seed(cfg.seed * 100_003 + k))
             best = {"sharpe": -float("inf"), "epoch": -1}
             best_weights = None
             first_epoch = 0
@@ -644,6 +663,7 @@ def _train_folds(
                 best = {"sharpe": val["sharpe"], "epoch": epoch, "val": val}
                 best_weights = {n: v.detach().clone() for n, v in agent.weights().items()}
                 save_checkpoint(
+                    main,
                     agent,
                     data,
                     cfg,
@@ -679,6 +699,8 @@ def _train_folds(
             if on_epoch_end is not None:
                 on_epoch_end(k, epoch)
 
+        # The ranks of a data-parallel job took the same steps: checked, bit for bit.
+        distributed.check_same(agent.weights(), f"fold {k}")
         # The best epoch, once on the test range; and a random policy for scale.
         live = {n: v.clone() for n, v in agent.weights().items()}
         agent.load_weights(best_weights)
@@ -689,16 +711,17 @@ def _train_folds(
         if extra is not None:
             test |= extra(*ranges["test"])
         explained = explain(*ranges["test"]) if explain is not None else None
-        if explained is not None:
+        if explained is not None and main:
             write_json_atomic(run_dir / f"fold-{k}" / "explain.json", explained)
         lo, hi = ranges["test"]
-        np.savez(
-            run_dir / f"fold-{k}" / "test_returns.npz",
-            timestamps=cache.timestamps[lo + 1 : hi],
-            strategy=test_r.double().cpu().numpy(),
-            trades=test_tr.double().cpu().numpy(),
-            buy_and_hold=data.ret1[lo : hi - 1].double().cpu().numpy(),
-        )
+        if main:
+            np.savez(
+                run_dir / f"fold-{k}" / "test_returns.npz",
+                timestamps=cache.timestamps[lo + 1 : hi],
+                strategy=test_r.double().cpu().numpy(),
+                trades=test_tr.double().cpu().numpy(),
+                buy_and_hold=data.ret1[lo : hi - 1].double().cpu().numpy(),
+            )
         agent.load_weights(live)
         gen = torch.Generator(device=device).manual_seed(cfg.seed * 7919 + k)
         rnd_r, rnd_tr = evaluator.run(random_policy(gen), *ranges["val"])
@@ -796,7 +819,8 @@ def _train_folds(
         "folds": results,
         "aggregate": aggregate,
     }
-    write_json_atomic(run_dir / "results.json", out)
+    if main:
+        write_json_atomic(run_dir / "results.json", out)
     return TrainResult(
         run_id, run_dir, results, aggregate, str(device), data.upload.seconds * 1e3, resumed
     )

@@ -14,6 +14,7 @@ from typing import Literal
 
 import torch
 
+from foxhunt.train import distributed
 from foxhunt.train.data import N_MKT, MarketData
 from foxhunt.train.env import PORTFOLIO
 
@@ -123,9 +124,11 @@ def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
 
 
 def clip_and_step(flat: torch.Tensor, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
-    """Clip the flat gradient to the global norm `max_norm` (as clip_grad_norm_ does), take the
-    optimiser step; returns the norm before clipping (what losses/grad_norm logs)."""
-    g = flat.grad
+    """Average the flat gradient over the data-parallel ranks (foxhunt.train.distributed; one
+    all-reduce, nothing for one process), clip it to the global norm `max_norm` (as
+    clip_grad_norm_ does), take the optimiser step; returns the norm before clipping (what
+    losses/grad_norm logs)."""
+    g = distributed.average_(flat.grad)
     gn = torch.linalg.vector_norm(g)
     g.mul_((max_norm / (gn + 1e-6)).clamp(max=1.0))
     opt.step()

@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foxhunt.train import distributed
 from foxhunt.train.agents.common import (
     Capture,
     Precision,
@@ -296,6 +297,9 @@ class SupervisedAgent:
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self.rounds = 1
         self.samples = 0  # host copy of n_train
+        # The order of the samples: its own generator, seeded alike on every data-parallel
+        # rank (foxhunt.train.distributed), so that the ranks split one global batch.
+        self.order_gen = torch.Generator(dev)
         if cfg.compile:
             self._loss = torch.compile(self._loss, dynamic=False)
         ensure_adam_state(self.opt, self.flat)
@@ -328,6 +332,7 @@ class SupervisedAgent:
         """Fresh weights and optimiser; the normaliser, the label threshold and the samples of
         this fold's train range (fitted there only)."""
         torch.manual_seed(seed)
+        self.order_gen.manual_seed(distributed.shared_seed(seed))
         restart(self.net, self.init_state, [self.stats, self.step_i], self.opt)
         self.data.fit_normaliser(train_lo, train_hi)
         a, b = sample_bars(train_lo, train_hi, self.cfg.horizon)
@@ -346,7 +351,9 @@ class SupervisedAgent:
         self.samples = b - a
 
     def steps_per_epoch(self) -> int:
-        return self.cfg.steps or max(1, self.samples // len(self.batch_t))
+        return self.cfg.steps or max(
+            1, self.samples // (len(self.batch_t) * distributed.world()[1])
+        )
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         self.total.fill_(epochs * self.steps_per_epoch())
@@ -394,15 +401,19 @@ class SupervisedAgent:
     def learn(self) -> None:
         """One epoch: `steps_per_epoch` minibatches, a fresh permutation of the fold's samples
         for every pass over them (drawn on the device)."""
-        B = len(self.batch_t)  # the effective batch: batch_size x accumulate
-        per_pass = max(1, self.samples // B)
+        B = len(self.batch_t)  # this rank's part of a step: batch_size x accumulate
+        rank, ranks = distributed.world()
+        G = B * ranks  # the global batch, split between the data-parallel ranks
+        per_pass = max(1, self.samples // G)
         g = self.graphs.get("step")
         perm = None
         for k in range(self.steps_per_epoch()):
             j = k % per_pass
             if j == 0:
-                perm = torch.rand(self.samples, device=self.device).argsort()
-            self.batch_t.copy_(self.train_t.index_select(0, perm[j * B : (j + 1) * B]))
+                u = torch.rand(self.samples, device=self.device, generator=self.order_gen)
+                perm = u.argsort()
+            mine = perm[j * G + rank * B : j * G + (rank + 1) * B]
+            self.batch_t.copy_(self.train_t.index_select(0, mine))
             if g is not None:
                 g.replay()
             else:
@@ -511,13 +522,17 @@ class SupervisedAgent:
         return st
 
     def snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self._state_tensors().items()}
+        st = {k: v.detach().clone() for k, v in self._state_tensors().items()}
+        return st | {"order_rng": self.order_gen.get_state()}
 
     def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        if "order_rng" not in saved:
+            return "it lacks order_rng"
         return state_mismatch(self._state_tensors(), saved)
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        copy_state(self._state_tensors(), saved)
+        copy_state(self._state_tensors(), {k: v for k, v in saved.items() if k != "order_rng"})
+        self.order_gen.set_state(saved["order_rng"].cpu())
         self.samples = int(self.n_train)
 
 
