@@ -7,10 +7,12 @@ from components.bench import bench
 from components.folds import folds
 from components.images import CPU_IMAGE, GPU_IMAGE
 from components.ingest import ingest, scan_raw
+from components.plan import plan_tasks
 from components.precompute import precompute
 from components.report import report
 from components.tracking import end_tracking, start_tracking
 from components.train import train
+from components.train_job import train_job
 
 __all__ = [
     "CPU_IMAGE",
@@ -19,9 +21,11 @@ __all__ = [
     "end_tracking",
     "folds",
     "ingest",
+    "plan_tasks",
     "precompute",
     "report",
     "scan_raw",
     "start_tracking",
     "train",
+    "train_job",
 ]

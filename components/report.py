@@ -1,5 +1,3 @@
-from typing import List  # noqa: UP035 (KFP reads the annotation)
-
 from kfp import dsl
 
 from components.images import CPU_IMAGE
@@ -8,7 +6,6 @@ from components.images import CPU_IMAGE
 @dsl.component(base_image=CPU_IMAGE, install_kfp_package=False)
 def report(
     work_dir: str,
-    results: dsl.Input[List[dsl.Artifact]],  # noqa: UP006
     markdown: dsl.Output[dsl.Markdown],
     html: dsl.Output[dsl.HTML],
     metrics: dsl.Output[dsl.Metrics],
@@ -16,11 +13,11 @@ def report(
     parent_run_id: str = "",
     extra_trials: int = 0,
 ):
-    """Test metrics of every train task (fold x seed), the baselines beside them, the deflated
-    Sharpe ratio (N: every task MLflow holds for this cache, plus `extra_trials` made elsewhere)
-    and equity curves: Markdown and HTML for the Kubeflow UI, logged on the pipeline's MLflow
-    parent run."""
-    import json
+    """Test metrics of every train task of this pipeline run (model x seed; results.json under
+    runs/<KFP run id>/ on the volume, whichever way the task ran: in a pod or as a TrainJob),
+    the baselines beside them, the deflated Sharpe ratio (N: every task MLflow holds for this
+    cache, plus `extra_trials` made elsewhere) and equity curves: Markdown and HTML for the
+    Kubeflow UI, logged on the pipeline's MLflow parent run."""
     import math
     import shutil
     from pathlib import Path
@@ -29,11 +26,10 @@ def report(
     from foxhunt.train.tracking import require_tracking_uri
 
     require_tracking_uri()
-    # The artifacts are copies of results.json: read each from its run directory on the volume,
-    # where the test returns it names live.
-    paths = [
-        Path(json.loads(Path(a.path).read_text())["run_dir"]) / "results.json" for a in results
-    ]
+    runs = Path(work_dir) / "runs" / kfp_run_id
+    paths = sorted(runs.glob("*/results.json"))
+    if not paths:
+        raise RuntimeError(f"no training results under {runs}: no task of this run finished")
     out = Path(work_dir) / "report" / (kfp_run_id or "latest")
     tags = {"kfp_run_id": kfp_run_id} if kfp_run_id else {}
     cfg = ReportConfig(

@@ -37,6 +37,8 @@ def start_tracking(
     fxcache_pvc: str,
     gpu_node_selector: dict,
     gpu_tolerations: list,
+    nodes: int,
+    gpus_per_node: int,
     experiment: str = "foxhunt",
 ) -> str:
     """The MLflow parent run of this pipeline run: every pipeline parameter as a run parameter

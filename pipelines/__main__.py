@@ -119,8 +119,13 @@ def parse_params(items: list[str], pipeline: str = "train-baseline") -> dict:
             raise SubmitError(f"{pipeline} has no parameter {k!r}; it has {', '.join(inputs)}")
         kind = inputs[k].type
         if kind == "String":
-            if k in CHOICES and v not in CHOICES[k]:
-                raise SubmitError(f"parameter {k}={v!r}: choose one of {', '.join(CHOICES[k])}")
+            # model may name several models, by commas: each trains with every seed
+            given = [x.strip() for x in v.split(",")] if k == "model" else [v]
+            if k in CHOICES and not all(x in CHOICES[k] for x in given):
+                many = " (several by commas)" if k == "model" else ""
+                raise SubmitError(
+                    f"parameter {k}={v!r}: choose one of {', '.join(CHOICES[k])}{many}"
+                )
             if k == "overrides":
                 try:
                     json.loads(v)

@@ -16,22 +16,10 @@ from kfp import kubernetes
 from kfp.dsl import PipelineTask
 
 from components import ingest, precompute, scan_raw
+from foxhunt.secrets import DATABENTO_SECRET, MLFLOW_SECRET  # noqa: F401 (the pipelines' too)
 
 RAW_MOUNT = "/data/raw"
 WORK_MOUNT = "/data/work"
-
-DATABENTO_SECRET = ("foxhunt-databento", {"api-key": "DATABENTO_API_KEY"})
-MLFLOW_SECRET = (
-    "foxhunt-mlflow",
-    {
-        "tracking-uri": "MLFLOW_TRACKING_URI",
-        "username": "MLFLOW_TRACKING_USERNAME",
-        "password": "MLFLOW_TRACKING_PASSWORD",
-        "s3-endpoint": "MLFLOW_S3_ENDPOINT_URL",
-        "s3-access-key": "AWS_ACCESS_KEY_ID",
-        "s3-secret-key": "AWS_SECRET_ACCESS_KEY",
-    },
-)
 
 
 @dataclass(frozen=True)
@@ -48,6 +36,7 @@ RESOURCES = {
     "folds": Resources("1", "4G"),
     "tracking": Resources("500m", "1G"),
     "train": Resources("8", "64G", gpu=1),
+    "train_job": Resources("500m", "1G"),
     "bench": Resources("8", "64G", gpu=1),
     "report": Resources("1", "4G"),
 }
@@ -67,6 +56,7 @@ TIMEOUTS = {
     "folds": 600,
     "tracking": 600,
     "train": 24 * 3600,
+    "train_job": 48 * 3600,
     "bench": 4 * 3600,
     "report": 1800,
 }
@@ -83,17 +73,23 @@ class Cluster:
     """Secrets (in the pipeline's namespace) to pull the images from a private registry."""
     timeouts: tuple[tuple[str, int], ...] = tuple(TIMEOUTS.items())
     """Seconds each step may run."""
+    parallelism: int = 8
+    """Training tasks (models x seeds) of a run that run at once."""
+    kueue_queue: str = ""
+    """Kueue LocalQueue the training pods are labelled for (empty: no label)."""
 
     @classmethod
     def from_env(cls) -> Cluster:
-        """GPU_RESOURCE, IMAGE_PULL_SECRETS (comma-separated) and TIMEOUT_<STEP> (seconds,
-        e.g. TIMEOUT_TRAIN=172800) override the defaults."""
+        """GPU_RESOURCE, IMAGE_PULL_SECRETS (comma-separated), TIMEOUT_<STEP> (seconds, e.g.
+        TIMEOUT_TRAIN=172800), PARALLELISM and KUEUE_QUEUE override the defaults."""
         timeouts = {k: int(os.environ.get(f"TIMEOUT_{k.upper()}", v)) for k, v in TIMEOUTS.items()}
         secrets = tuple(x for x in os.environ.get("IMAGE_PULL_SECRETS", "").split(",") if x)
         return cls(
             gpu_type=os.environ.get("GPU_RESOURCE", cls.gpu_type),
             image_pull_secrets=secrets,
             timeouts=tuple(timeouts.items()),
+            parallelism=int(os.environ.get("PARALLELISM", cls.parallelism)),
+            kueue_queue=os.environ.get("KUEUE_QUEUE", ""),
         )
 
 
@@ -106,6 +102,7 @@ def configure(
     secrets: tuple = (),
     gpu_node_selector=None,
     gpu_tolerations=None,
+    gpus=None,
 ) -> PipelineTask:
     """Resources, time-out, pull secrets, volumes and Secrets of a step; GPU steps get the
     accelerator and the node selector and tolerations passed in (run parameters)."""
@@ -116,7 +113,10 @@ def configure(
     if cluster.image_pull_secrets:
         kubernetes.set_image_pull_secrets(task, list(cluster.image_pull_secrets))
     if r.gpu:
-        task.set_accelerator_type(cluster.gpu_type).set_accelerator_limit(r.gpu)
+        # GPUs of the step: a run parameter where one is passed (gpus_per_node), else one.
+        task.set_accelerator_type(cluster.gpu_type).set_accelerator_limit(gpus or r.gpu)
+        if cluster.kueue_queue:  # Kueue admits the GPU pods through this LocalQueue
+            kubernetes.add_pod_label(task, "kueue.x-k8s.io/queue-name", cluster.kueue_queue)
         if gpu_node_selector is not None:
             kubernetes.add_node_selector_json(task, gpu_node_selector)
         if gpu_tolerations is not None:

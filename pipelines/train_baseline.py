@@ -1,10 +1,18 @@
-"""train-baseline: ingest -> precompute -> folds -> train (one task per seed) -> report."""
+"""train-baseline: ingest -> precompute -> folds -> train (one task per model and seed) -> report.
+
+How a task runs, by the run's parameters (each rerunnable from the Kubeflow UI):
+    nodes = 1, gpus_per_node = 1   one pod, one GPU (the default)
+    nodes = 1, gpus_per_node = N   one pod, N GPUs: data-parallel through torchrun's launcher
+    nodes = M > 1                  a Kubeflow Trainer TrainJob of M nodes x gpus_per_node GPUs,
+                                   submitted and followed by a CPU pod (train_job)
+Tasks run side by side up to the compile-time PARALLELISM (a cluster is not flooded), each
+labelled for Kueue's queue KUEUE_QUEUE where that is set (pipelines.platform.Cluster)."""
 
 from typing import Literal
 
 from kfp import dsl
 
-from components import end_tracking, folds, report, start_tracking, train
+from components import end_tracking, folds, plan_tasks, report, start_tracking, train, train_job
 from pipelines.platform import (
     GPU_NODE_SELECTOR,
     GPU_TOLERATIONS,
@@ -27,8 +35,8 @@ def build_train_baseline(
 
     @dsl.pipeline(
         name="train-baseline",
-        description="Databento DBN -> fxcache -> walk-forward folds -> a model (an agent: dqn, "
-        "ppo, pqn; or a supervised model: tlob, cfc, mamba2, tft) per seed -> report",
+        description="Databento DBN -> fxcache -> walk-forward folds -> models (agents: dqn, "
+        "ppo, pqn; supervised: tlob, cfc, mamba2, tft, ensemble) x seeds -> report",
     )
     def train_baseline(
         symbol: str = "ES",
@@ -61,6 +69,8 @@ def build_train_baseline(
         fxcache_pvc: str = "foxhunt-fxcache",
         gpu_node_selector: dict = GPU_NODE_SELECTOR,
         gpu_tolerations: list = GPU_TOLERATIONS,
+        nodes: int = 1,
+        gpus_per_node: int = 1,
     ):
         # Whatever stops a task, the exit task ends the MLflow parent run with the pipeline's
         # outcome (FINISHED, FAILED, KILLED): no run is left RUNNING.
@@ -88,24 +98,38 @@ def build_train_baseline(
                 half_spread_bps=half_spread_bps, overrides=overrides, extra_trials=extra_trials,
                 raw_dir=raw_dir, work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
                 gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
+                nodes=nodes, gpus_per_node=gpus_per_node,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
-            with dsl.ParallelFor(seeds, name="seeds") as seed:
-                tr = train(
-                    work_dir=work_dir, folds=fo.outputs["folds_json"], model=model, seed=seed,
-                    epochs=epochs, kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma,
-                    n_step=n_step, batch_size=batch_size, envs=envs, fee_bps=fee_bps,
-                    half_spread_bps=half_spread_bps, overrides=overrides,
-                ).after(trk)  # fmt: skip
-                tr.set_display_name("Train over all folds").set_caching_options(False)
-                tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
+            plan = plan_tasks(model=model, seeds=seeds)
+            plan.set_display_name("Tasks: models x seeds").set_caching_options(False)
+            common = dict(
+                work_dir=work_dir, folds=fo.outputs["folds_json"], epochs=epochs,
+                kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, lr=lr, gamma=gamma, n_step=n_step,
+                batch_size=batch_size, envs=envs, fee_bps=fee_bps,
+                half_spread_bps=half_spread_bps, overrides=overrides,
+            )  # fmt: skip
+            with dsl.ParallelFor(plan.output, parallelism=cluster.parallelism, name="tasks") as t:
+                with dsl.If(nodes > 1, name="several-nodes"):
+                    tj = train_job(
+                        model=t.model, seed=t.seed, nodes=nodes, gpus_per_node=gpus_per_node,
+                        fxcache_pvc=fxcache_pvc, gpu_node_selector=gpu_node_selector,
+                        gpu_tolerations=gpu_tolerations, gpu_resource=cluster.gpu_type,
+                        kueue_queue=cluster.kueue_queue, **common,
+                    ).after(trk)  # fmt: skip
+                    tj.set_display_name("Train as a TrainJob").set_caching_options(False)
+                    tj.set_retry(num_retries=2, backoff_duration="120s")
+                with dsl.Else(name="one-node"):
+                    tr = train(model=t.model, seed=t.seed, gpus=gpus_per_node,
+                               **common).after(trk)  # fmt: skip
+                    tr.set_display_name("Train over all folds").set_caching_options(False)
+                    tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
             rep = report(
                 work_dir=work_dir,
-                results=dsl.Collected(tr.outputs["results"]),
                 kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
                 parent_run_id=trk.output,
                 extra_trials=extra_trials,
-            )
+            ).after(tr, tj)  # the run's results.json files, on the volume
             rep.set_display_name("Report: test metrics, deflated Sharpe").set_caching_options(False)
         if not local:
             configure(fo, "folds", cluster, work_pvc=fxcache_pvc)
@@ -114,7 +138,10 @@ def build_train_baseline(
             configure(
                 tr, "train", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,),
                 gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
+                gpus=gpus_per_node,
             )  # fmt: skip
+            configure(tj, "train_job", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
+            configure(plan, "folds", cluster)
             configure(rep, "report", cluster, work_pvc=fxcache_pvc, secrets=(MLFLOW_SECRET,))
 
     return train_baseline

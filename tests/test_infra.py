@@ -203,3 +203,48 @@ def test_the_deployed_mlflow_server_answers_only_its_users(tmp_path):
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+
+
+def test_the_trainer_runtime_and_rbac_validate():
+    """infra/trainer: the TrainingRuntime multi-node training refers to (its pod template
+    validated as the batch/v1 Job the Trainer makes of it; the torch policy; non-root) and the
+    Role that lets the pipeline's service account create and follow TrainJobs."""
+    docs = [d for p in sorted((REPO / "infra" / "trainer").glob("*.yaml"))
+            for d in yaml.safe_load_all(p.read_text()) if d]  # fmt: skip
+    (rt,) = by_kind(docs, "TrainingRuntime")
+    assert rt["apiVersion"] == "trainer.kubeflow.org/v1alpha1"
+    assert rt["metadata"]["name"] == "foxhunt-torch"  # foxhunt.train.trainjob.RUNTIME
+    assert rt["spec"]["mlPolicy"]["torch"]["numProcPerNode"] == "auto"
+    (rj,) = rt["spec"]["template"]["spec"]["replicatedJobs"]
+    assert rj["name"] == "node"  # the name the TrainJob's podSpecOverrides target
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "node"},
+           "spec": rj["template"]["spec"]}  # fmt: skip
+    kubernetes_validate.validate(job, K8S_VERSION, strict=True)
+    pod = rj["template"]["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] and pod["containers"][0]["name"] == "node"
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["NCCL_NVLS_ENABLE"] == "0"
+    for d in by_kind(docs, "Role") + by_kind(docs, "RoleBinding"):
+        kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    (role,) = by_kind(docs, "Role")
+    assert role["rules"][0]["resources"] == ["trainjobs"]
+    assert {"create", "get", "delete"} <= set(role["rules"][0]["verbs"])
+
+
+def test_a_trainjob_s_pod_parts_validate():
+    """The volumes, mounts and Secret-backed environment foxhunt puts into a TrainJob are
+    valid pod fields (checked inside a Pod)."""
+    from foxhunt.train.trainjob import manifest
+
+    m = manifest(name="j", namespace="ns", image="img", config_path="/data/work/c.json",
+                 nodes=2, gpus_per_node=4, fxcache_pvc="foxhunt-fxcache",
+                 tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])  # fmt: skip
+    t, (o,) = m["spec"]["trainer"], m["spec"]["podSpecOverrides"]
+    container = {"name": "node", "image": t["image"], "command": t["command"], "env": t["env"],
+                 "resources": t["resourcesPerNode"],
+                 "volumeMounts": o["containers"][0]["volumeMounts"]}  # fmt: skip
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "node"},
+           "spec": {"volumes": o["volumes"], "tolerations": o["tolerations"],
+                    "containers": [container]}}  # fmt: skip
+    kubernetes_validate.validate(pod, K8S_VERSION, strict=True)
+    assert {e["valueFrom"]["secretKeyRef"]["name"] for e in t["env"]} == {MLFLOW_SECRET[0]}

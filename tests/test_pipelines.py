@@ -57,7 +57,8 @@ def test_train_baseline_dag(compiled):
     assert status == {"producerTask": "exit-handler-1"}
     t = doc["components"]["comp-exit-handler-1"]["dag"]["tasks"]
     assert set(t) == {
-        "scan-raw", "ingest", "precompute", "folds", "start-tracking", "for-loop-2", "report"
+        "scan-raw", "ingest", "precompute", "folds", "start-tracking", "plan-tasks",
+        "for-loop-2", "report",
     }  # fmt: skip
     # KFP's cache sees parameters, not volumes: the scan's digest of the raw files is one of
     # ingest's inputs, and the scan itself is never cached.
@@ -82,20 +83,30 @@ def test_train_baseline_dag(compiled):
     src = t["precompute"]["inputs"]["artifacts"]["ingested"]["taskOutputArtifact"]
     assert src == {"outputArtifactKey": "ingested", "producerTask": "ingest"}
     assert t["folds"]["dependentTasks"] == ["precompute"]
-    assert sorted(t["for-loop-2"]["dependentTasks"]) == ["folds", "start-tracking"]
+    assert sorted(t["for-loop-2"]["dependentTasks"]) == ["folds", "plan-tasks", "start-tracking"]
     assert sorted(t["report"]["dependentTasks"]) == ["for-loop-2", "start-tracking"]
     assert t["start-tracking"]["dependentTasks"] == ["precompute"]
-    loop = doc["components"]["comp-for-loop-2"]
-    assert set(loop["dag"]["tasks"]) == {"train"}
-    assert (
-        t["for-loop-2"]["parameterIterator"]["items"]["inputParameter"] == "pipelinechannel--seeds"
-    )
+    # The fan-out: one task per model and seed (plan-tasks), PARALLELISM at a time; each task
+    # in a pod (nodes = 1, its GPUs gpus_per_node) or as a TrainJob (nodes > 1).
+    items = t["for-loop-2"]["parameterIterator"]["items"]["inputParameter"]
+    assert items == "pipelinechannel--plan-tasks-Output"
+    assert t["for-loop-2"]["iteratorPolicy"]["parallelismLimit"] == 8
+    comps_ = doc["components"]
+    branches = comps_["comp-condition-branches-3"]["dag"]["tasks"]
+    several, one = (branches[k]["triggerPolicy"]["condition"] for k in sorted(branches))
+    assert "pipelinechannel--nodes" in several and "> 1" in several
+    assert one.startswith("!(") and "pipelinechannel--nodes" in one  # the Else: not (nodes > 1)
+    assert {next(iter(comps_[f"comp-{k}"]["dag"]["tasks"])) for k in branches} == {
+        "train",
+        "train-job",
+    }
+    loop = {"train": comps_["comp-condition-5"]["dag"]["tasks"]["train"]}
     # Display names, caching and retries.
     assert all(t[k]["taskInfo"]["name"] for k in t)
     assert not root["end-tracking"]["cachingOptions"].get("enableCache")
     assert t["ingest"]["cachingOptions"]["enableCache"] is True
     assert t["precompute"]["cachingOptions"]["enableCache"] is True
-    train = loop["dag"]["tasks"]["train"]
+    train = loop["train"]
     assert train["cachingOptions"] == {} or not train["cachingOptions"].get("enableCache")
     assert train["retryPolicy"]["maxRetryCount"] == 2
     assert t["ingest"]["retryPolicy"]["maxRetryCount"] == 2
@@ -118,7 +129,13 @@ def test_images_and_resources(compiled):
     c = executor(doc, "train")
     assert c["image"] == GPU_IMAGE
     assert c["resources"]["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert c["resources"]["accelerator"]["resourceCount"] == "1"
+    # the train pod's GPUs are a run parameter (gpus_per_node, default 1)
+    count = c["resources"]["accelerator"]["resourceCount"]
+    assert count == "{{$.inputs.parameters['pipelinechannel--gpus_per_node']}}"
+    assert doc["root"]["inputDefinitions"]["parameters"]["gpus_per_node"]["defaultValue"] == 1
+    # the TrainJob step is a CPU pod that submits and follows the job
+    tj = executor(doc, "train-job")
+    assert tj["image"] == CPU_IMAGE and "accelerator" not in tj["resources"]
     for step in ("ingest", "precompute", "folds", "train", "report"):
         r = executor(doc, step)["resources"]
         assert r["resourceCpuLimit"] and r["resourceMemoryLimit"], step
@@ -177,6 +194,7 @@ def test_parse_params_by_the_pipeline_types():
     assert got == {"epochs": 20, "seeds": [0, 1], "symbol": "NQ", "lr": 1e-3,
                    "overrides": '{"dqn": {"atoms": 21}}'}  # fmt: skip
     assert parse_params(["lr=1"]) == {"lr": 1}  # an integer is a valid Float
+    assert parse_params(["model=dqn,ppo,tlob"]) == {"model": "dqn,ppo,tlob"}  # models x seeds
     for bad, message in (
         ("epoch=3", "has no parameter 'epoch'"),
         ("epochs=three", "not a valid Integer"),
@@ -186,6 +204,7 @@ def test_parse_params_by_the_pipeline_types():
         ("seeds=[0,-1]", "non-negative integers"),
         ("window=expandng", "choose one of sliding, expanding"),
         ("model=ppo2", "choose one of dqn"),
+        ("model=dqn,ppo2", "several by commas"),
         ("overrides={dqn: 1}", "overrides: not JSON"),
         ("symbol", "expected name=value"),
     ):
@@ -431,9 +450,7 @@ def test_tasks_that_track_refuse_to_run_without_a_tracking_server(monkeypatch, t
         lambda: train.python_func(
             work_dir=str(tmp_path), folds=None, results=None, metrics=None, best_model=None
         ),
-        lambda: report.python_func(
-            work_dir=str(tmp_path), results=[], markdown=None, html=None, metrics=None
-        ),
+        lambda: report.python_func(work_dir=str(tmp_path), markdown=None, html=None, metrics=None),
     ]
     for call in calls:
         with pytest.raises(TrackingError, match="Secret foxhunt-mlflow"):
@@ -473,14 +490,20 @@ def test_cluster_settings_from_the_environment(monkeypatch, tmp_path):
 
     monkeypatch.setenv("IMAGE_PULL_SECRETS", "regcred,other")
     monkeypatch.setenv("TIMEOUT_TRAIN", "172800")
+    monkeypatch.setenv("PARALLELISM", "3")
+    monkeypatch.setenv("KUEUE_QUEUE", "gpu-queue")
     c = Cluster.from_env()
     assert c.image_pull_secrets == ("regcred", "other") and dict(c.timeouts)["train"] == 172800
     paths = compile_all(tmp_path)
-    doc = list(yaml.safe_load_all(next(p for p in paths if p.name == "train-baseline.yaml")
-                                  .read_text()))[1]  # fmt: skip
+    spec, doc = yaml.safe_load_all(next(p for p in paths if p.name == "train-baseline.yaml")
+                                   .read_text())  # fmt: skip
     k8s = doc["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     assert [x["secretName"] for x in k8s["exec-train"]["imagePullSecret"]] == ["regcred", "other"]
     assert k8s["exec-train"]["activeDeadlineSeconds"] == "172800"
+    # Kueue admits the GPU pods through the queue; the fan-out runs 3 tasks at a time
+    assert k8s["exec-train"]["podMetadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "gpu-queue"}
+    loop = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["for-loop-2"]
+    assert loop["iteratorPolicy"]["parallelismLimit"] == 3
     got = parse_params(['gpu_node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"}'])
     assert got == {"gpu_node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200"}}
 
