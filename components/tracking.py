@@ -39,6 +39,7 @@ def start_tracking(
     gpu_tolerations: list,
     nodes: int,
     gpus_per_node: int,
+    fold_tasks: bool,
     experiment: str = "foxhunt",
 ) -> str:
     """The MLflow parent run of this pipeline run: every pipeline parameter as a run parameter

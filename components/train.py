@@ -22,6 +22,7 @@ def train(
     fee_bps: float = 0.1,
     half_spread_bps: float = 0.25,
     overrides: str = "{}",
+    fold: int = -1,
     gpus: int = 1,
 ):
     """One training task on this pod's GPUs: every fold of the folds artifact, one upload, one
@@ -41,7 +42,7 @@ def train(
         work_dir=work_dir, folds_path=folds.path, model=model, seed=seed, epochs=epochs,
         kfp_run_id=kfp_run_id, lr=lr, gamma=gamma, n_step=n_step, batch_size=batch_size,
         envs=envs, fee_bps=fee_bps, half_spread_bps=half_spread_bps, overrides=overrides,
-        gpus=gpus, parent_run_id=find_pipeline_run("foxhunt", kfp_run_id),
+        gpus=gpus, parent_run_id=find_pipeline_run("foxhunt", kfp_run_id), fold=fold,
     )  # fmt: skip
     res = distributed.run_ranks(cfg) if gpus > 1 else run_train(cfg)
     print(res.summary())

@@ -25,6 +25,7 @@ def train_job(
     fee_bps: float = 0.1,
     half_spread_bps: float = 0.25,
     overrides: str = "{}",
+    fold: int = -1,
     gpu_node_selector: dict = {},  # noqa: B006 (KFP reads the default)
     gpu_tolerations: list = [],  # noqa: B006
     gpu_image: str = GPU_IMAGE,
@@ -48,12 +49,12 @@ def train_job(
         work_dir=work_dir, folds_path=folds.path, model=model, seed=seed, epochs=epochs,
         kfp_run_id=kfp_run_id, lr=lr, gamma=gamma, n_step=n_step, batch_size=batch_size,
         envs=envs, fee_bps=fee_bps, half_spread_bps=half_spread_bps, overrides=overrides,
-        gpus=gpus_per_node, parent_run_id=find_pipeline_run("foxhunt", kfp_run_id),
+        gpus=gpus_per_node, parent_run_id=find_pipeline_run("foxhunt", kfp_run_id), fold=fold,
     )  # fmt: skip
     # The folds file lives in this step's artifact store: the nodes read a copy on the volume.
     jobs = Path(work_dir) / "runs" / (kfp_run_id or "local") / "trainjobs"
     jobs.mkdir(parents=True, exist_ok=True)
-    tag = f"{model}-seed{seed}"
+    tag = f"{model}-seed{seed}" + (f"-fold{fold}" if fold >= 0 else "")
     write_text_atomic(jobs / f"{tag}-folds.json", Path(folds.path).read_text())
     cfg.folds = jobs / f"{tag}-folds.json"
     write_text_atomic(jobs / f"{tag}.json", trainjob.config_to_json(cfg))

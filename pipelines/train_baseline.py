@@ -5,7 +5,9 @@ How a task runs, by the run's parameters (each rerunnable from the Kubeflow UI):
     nodes = 1, gpus_per_node = N   one pod, N GPUs: data-parallel through torchrun's launcher
     nodes = M > 1                  a Kubeflow Trainer TrainJob of M nodes x gpus_per_node GPUs,
                                    submitted and followed by a CPU pod (train_job)
-Tasks run side by side up to the compile-time PARALLELISM (a cluster is not flooded), each
+With fold_tasks, every fold of a model and seed is a task of its own too (more, shorter tasks;
+the report puts a task's folds back together). Tasks run side by side up to the compile-time
+PARALLELISM (a cluster is not flooded), each
 labelled for Kueue's queue KUEUE_QUEUE where that is set (pipelines.platform.Cluster)."""
 
 from typing import Literal
@@ -71,6 +73,7 @@ def build_train_baseline(
         gpu_tolerations: list = GPU_TOLERATIONS,
         nodes: int = 1,
         gpus_per_node: int = 1,
+        fold_tasks: bool = False,
     ):
         # Whatever stops a task, the exit task ends the MLflow parent run with the pipeline's
         # outcome (FINISHED, FAILED, KILLED): no run is left RUNNING.
@@ -98,10 +101,11 @@ def build_train_baseline(
                 half_spread_bps=half_spread_bps, overrides=overrides, extra_trials=extra_trials,
                 raw_dir=raw_dir, work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
                 gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
-                nodes=nodes, gpus_per_node=gpus_per_node,
+                nodes=nodes, gpus_per_node=gpus_per_node, fold_tasks=fold_tasks,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
-            plan = plan_tasks(model=model, seeds=seeds)
+            plan = plan_tasks(model=model, seeds=seeds, folds=fo.outputs["folds_json"],
+                              fold_tasks=fold_tasks)  # fmt: skip
             plan.set_display_name("Tasks: models x seeds").set_caching_options(False)
             common = dict(
                 work_dir=work_dir, folds=fo.outputs["folds_json"], epochs=epochs,
@@ -112,7 +116,8 @@ def build_train_baseline(
             with dsl.ParallelFor(plan.output, parallelism=cluster.parallelism, name="tasks") as t:
                 with dsl.If(nodes > 1, name="several-nodes"):
                     tj = train_job(
-                        model=t.model, seed=t.seed, nodes=nodes, gpus_per_node=gpus_per_node,
+                        model=t.model, seed=t.seed, fold=t.fold, nodes=nodes,
+                        gpus_per_node=gpus_per_node,
                         fxcache_pvc=fxcache_pvc, gpu_node_selector=gpu_node_selector,
                         gpu_tolerations=gpu_tolerations, gpu_resource=cluster.gpu_type,
                         kueue_queue=cluster.kueue_queue, **common,
@@ -120,7 +125,7 @@ def build_train_baseline(
                     tj.set_display_name("Train as a TrainJob").set_caching_options(False)
                     tj.set_retry(num_retries=2, backoff_duration="120s")
                 with dsl.Else(name="one-node"):
-                    tr = train(model=t.model, seed=t.seed, gpus=gpus_per_node,
+                    tr = train(model=t.model, seed=t.seed, fold=t.fold, gpus=gpus_per_node,
                                **common).after(trk)  # fmt: skip
                     tr.set_display_name("Train over all folds").set_caching_options(False)
                     tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt

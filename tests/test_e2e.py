@@ -152,7 +152,9 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     # cache are found, nothing is recomputed before training; training runs afresh (a new
     # run, not a retry) and trains PPO, under new MLflow runs that carry the DQN's metric keys
     # for what the two share. (One seed and one epoch: what is checked is that it trains.)
-    log2 = run_pipeline(raw, work, mlflow_server, tmp_path, seeds=[0], epochs=1, model="ppo")
+    # With fold_tasks each of the 2 folds is a task of its own; the report joins them again.
+    log2 = run_pipeline(raw, work, mlflow_server, tmp_path, seeds=[0], epochs=1, model="ppo",
+                        fold_tasks=True)  # fmt: skip
     assert "fxcache hit" in log2 and "fxcache miss" not in log2
     assert "continued run" not in log2
     runs = client.search_runs([exp.experiment_id])
@@ -161,7 +163,8 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     assert sorted(p.data.tags["model"] for p in parents) == ["dqn", "ppo"]
     for p in parents:
         tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
-        assert len(tasks) == len(json.loads(p.data.params["seeds"]))
+        per_seed = 2 if p.data.params["fold_tasks"] == "True" else 1  # the demo's 2 folds
+        assert len(tasks) == len(json.loads(p.data.params["seeds"])) * per_seed
         assert all(t.data.tags["foxhunt_run_id"] for t in tasks)
         assert p.info.status == "FINISHED"
         for t in tasks:
@@ -181,4 +184,5 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
                     assert key in k.data.metrics, (model, key)  # fmt: skip
     assert (work / "report").glob("*/report.md")
     ppo_report = max((work / "report").glob("*/report.md"), key=lambda p: p.stat().st_mtime)
-    assert ppo_report.read_text().count("| ES | ppo |") == 2
+    assert ppo_report.read_text().count("| ES | ppo |") == 2  # its 2 folds, one task again
+    assert "ppo's over 1 seed(s)" in ppo_report.read_text()

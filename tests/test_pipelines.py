@@ -573,3 +573,19 @@ def test_gpu_benchmark_runs_foxhunt_bench_on_a_gpu_node(compiled):
     params = doc["root"]["inputDefinitions"]["parameters"]
     assert params["models"]["defaultValue"] == "dqn,ppo,pqn,tlob,cfc,mamba2,tft"
     assert "SENTINEL" not in text
+
+
+def test_the_fan_out_plans_models_x_seeds_and_folds_when_asked(tmp_path):
+    from types import SimpleNamespace
+
+    from components import plan_tasks
+
+    f = tmp_path / "folds.json"
+    f.write_text(json.dumps({"folds": [{"fold": 0}, {"fold": 2}]}))
+    art = SimpleNamespace(path=str(f))
+    got = plan_tasks.python_func(model="dqn, tlob", seeds=[0, 1.0], folds=art, fold_tasks=False)
+    assert got == [{"model": m, "seed": s, "fold": -1} for m in ("dqn", "tlob") for s in (0, 1)]
+    got = plan_tasks.python_func(model="ppo", seeds=[3], folds=art, fold_tasks=True)
+    assert got == [{"model": "ppo", "seed": 3, "fold": 0}, {"model": "ppo", "seed": 3, "fold": 2}]
+    with pytest.raises(ValueError, match="name one or more of"):
+        plan_tasks.python_func(model="dqn,xgb", seeds=[0], folds=art, fold_tasks=False)

@@ -252,3 +252,24 @@ def test_the_columns_a_model_reads_averaged_over_folds_and_seeds(tmp_path):
     md = (tmp_path / "report" / "report.md").read_text()
     assert "### What tft reads (ES)" in md and "| ofi_l1 | 0.600 |" in md
     assert "What tft reads (ES)</h2>" in (tmp_path / "report" / "report.html").read_text()
+
+
+def test_a_task_trained_fold_by_fold_is_one_task_again(tmp_path):
+    """The pipeline's fold fan-out trains each fold as a task of its own: results of one task
+    (the same task digest and seed) are put back together, one trial with its folds in order,
+    each fold's files read from its own directory."""
+    runs = tmp_path / "runs" / "20261202-000000-dddddd"
+    for k in (1, 0):
+        path = write_results(runs / f"fold{k}", 0)
+        doc = json.loads(path.read_text())
+        doc["task_digest"] = "abc"
+        doc["folds"] = [f for f in doc["folds"] if f["fold"] == k]
+        path.write_text(json.dumps(doc))
+        (path.parent.parent / path.parent.name).rename(runs / f"ES-dqn-seed0-fold{k}")
+    paths = sorted(runs.glob("*/results.json"))
+    assert len(paths) == 2
+    rep = run_report(ReportConfig(results=tuple(paths), out=tmp_path / "report"))
+    assert [r["fold"] for r in rep["rows"]] == [0, 1]
+    assert rep["deflated_sharpe"]["trials"] == 1  # one task, not two
+    (g,) = rep["comparison"]
+    assert g["rows"][0]["seeds"] == 1

@@ -147,10 +147,15 @@ def mlflow_trials(cfg: ReportConfig, docs: list[dict]) -> tuple[list[float], str
         if not ppy.get(key):
             return None
         runs = client.search_runs([exp_id], f"tags.fxcache_key = '{key}'", max_results=50_000)
+        # A task trained fold by fold (the pipeline's fold fan-out) logged one run per fold:
+        # one trial, its folds' figures averaged.
+        tasks: dict[tuple, list[float]] = {}
         for r in runs:
             t, m = r.data.tags, r.data.metrics
             if "seed" in t and "model" in t and "eval/mean_test_sharpe" in m:
-                srs.append(m["eval/mean_test_sharpe"] / math.sqrt(ppy[key]))
+                task = (t.get("task_digest") or r.info.run_id, t["seed"])
+                tasks.setdefault(task, []).append(m["eval/mean_test_sharpe"])
+        srs += [sum(v) / len(v) / math.sqrt(ppy[key]) for v in tasks.values()]
     if not srs:
         return None
     what = f"{len(srs)} training task(s) (configuration x seed) on fxcache {', '.join(keys)}"
@@ -227,12 +232,12 @@ def run_report(cfg: ReportConfig) -> dict:
     paths = find_results(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, trials, plots, docs = [], [], [], []
-    for p in paths:
-        doc = _load_results(p)
+    tasks = merge_fold_tasks([(p, _load_results(p)) for p in paths])
+    for p, doc in tasks:
         docs.append(doc)
         series = []  # the task's test series: its folds' test ranges one after the other
         for f in doc["folds"]:
-            rpath = p.parent / f["test_returns"]
+            rpath = Path(f.get("_dir", p.parent)) / f["test_returns"]
             if not rpath.is_file():
                 raise ReportError(f"{p}: fold {f['fold']}'s test returns {rpath} are missing")
             z = np.load(rpath)
@@ -274,7 +279,7 @@ def run_report(cfg: ReportConfig) -> dict:
         "rows": rows,
         "aggregate": agg,
         "comparison": comparison(docs),
-        "importance": importance(docs, paths),
+        "importance": importance(tasks),
         "deflated_sharpe": dsr,
         "results": [str(p) for p in paths],
     }
@@ -285,6 +290,25 @@ def run_report(cfg: ReportConfig) -> dict:
     if cfg.tracking == "mlflow":
         _log_mlflow(cfg, report)
     return report
+
+
+def merge_fold_tasks(loaded: list[tuple[Path, dict]]) -> list[tuple[Path, dict]]:
+    """One task trained as several (one per fold, by the pipeline's fold fan-out) put back
+    together: results of the same task (`task_digest`) and seed become one document whose
+    folds, in fold order, remember the directory their files are in (`_dir`)."""
+    groups: dict[tuple, list[tuple[Path, dict]]] = {}
+    for p, doc in loaded:
+        key = (doc.get("task_digest") or str(p), doc.get("seed"))
+        groups.setdefault(key, []).append((p, doc))
+    out = []
+    for items in groups.values():
+        p, first = items[0]
+        if len(items) == 1:
+            out.append((p, first))
+            continue
+        folds = [f | {"_dir": str(q.parent)} for q, d in items for f in d["folds"]]
+        out.append((p, first | {"folds": sorted(folds, key=lambda f: f["fold"])}))
+    return out
 
 
 def comparison(docs: list[dict]) -> list[dict]:
@@ -315,15 +339,16 @@ def comparison(docs: list[dict]) -> list[dict]:
     return out
 
 
-def importance(docs: list[dict], paths: list[Path], top: int = 10) -> list[dict]:
+def importance(tasks: list[tuple[Path, dict]], top: int = 10) -> list[dict]:
     """Which columns each model reads, where it says (TFT's variable selection, a fold's
     explain.json): per symbol and model, each column's weight averaged over the folds and
     seeds, the `top` largest."""
     groups: dict[tuple, list[dict]] = {}
-    for doc, path in zip(docs, paths, strict=True):
+    for path, doc in tasks:
         for f in doc["folds"]:
-            if f.get("explain") and (path.parent / f["explain"]).is_file():
-                w = json.loads((path.parent / f["explain"]).read_text())["variable_importance"]
+            file = Path(f.get("_dir", path.parent)) / f.get("explain", "")
+            if f.get("explain") and file.is_file():
+                w = json.loads(file.read_text())["variable_importance"]
                 groups.setdefault((doc["symbol"], doc["model"]), []).append(w)
     out = []
     for (symbol, model), ws in groups.items():

@@ -565,6 +565,7 @@ def _train_folds(
         "foxhunt_version": __version__,
         "foxhunt_run_id": run_id,
         "code_version": code_version(),
+        "task_digest": dataclasses.replace(cfg, fold_ids=()).digest(doc),
         **(
             {"git_commit": os.environ["FOXHUNT_GIT_COMMIT"]}
             if "FOXHUNT_GIT_COMMIT" in os.environ
@@ -813,6 +814,9 @@ def _train_folds(
         "code_version": code_version(),
         "run_dir": str(run_dir.resolve()),
         "config_digest": digest,
+        # The task whichever folds this call trained: a pipeline that trains each fold as a
+        # task of its own gives the report pieces of one task to put back together.
+        "task_digest": dataclasses.replace(cfg, fold_ids=()).digest(doc),
         "seed": cfg.seed,
         "model": cfg.model,
         "periods_per_year": ppy,

@@ -13,11 +13,12 @@ from pathlib import Path
 def task_config(*, work_dir: str, folds_path: str, model: str, seed: int, epochs: int,
                 kfp_run_id: str, lr: float, gamma: float, n_step: int, batch_size: int,
                 envs: int, fee_bps: float, half_spread_bps: float, overrides: str,
-                gpus: int = 1, parent_run_id: str | None = None):  # fmt: skip
+                gpus: int = 1, parent_run_id: str | None = None, fold: int = -1):  # fmt: skip
     """The TrainConfig of one pipeline task. lr 0, gamma -1, n_step 0: the model's own
     default; batch_size/envs 0: sized for the device; each applies to the models that have
     it. `overrides`: JSON of further fields per config ({"dqn": {...}, "env": {...},
-    "train": {...}}); only the chosen model's section is used."""
+    "train": {...}}); only the chosen model's section is used. `fold` >= 0: that fold alone
+    (the pipeline's fold fan-out)."""
     from foxhunt.train import EnvConfig, TrainConfig
     from foxhunt.train.agents import AGENTS
 
@@ -39,6 +40,7 @@ def task_config(*, work_dir: str, folds_path: str, model: str, seed: int, epochs
     return TrainConfig(
         folds=Path(folds_path), cache=Path(work_dir) / "fxcache", model=model, epochs=epochs,
         seed=seed, out=Path(work_dir) / "runs", gpus=gpus,
+        **({"fold_ids": (fold,)} if fold >= 0 else {}),
         # A retry of this task (same KFP run) resumes; a new pipeline run trains afresh.
         run_id=kfp_run_id, tracking="mlflow",
         tags={**({"kfp_run_id": kfp_run_id} if kfp_run_id else {}),
