@@ -17,7 +17,7 @@ from foxhunt.train.models.mamba2 import Mamba2Config
 from foxhunt.train.models.tlob import TLOBConfig
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
-from trainruns import Killed, metrics_of
+from trainruns import Killed, metrics_of, served_and_trained_orders
 
 TINY = dict(window=16, horizon=5, batch_size=64, steps=8)
 ENSEMBLE_TINY = EnsembleConfig(
@@ -93,11 +93,6 @@ def tiny(demo_pair, out, **kw) -> TrainConfig:
 def test_same_seed_same_metrics_a_killed_task_resumes_and_a_served_checkpoint_trades_alike(
     demo_es, tmp_path
 ):
-    from safetensors.torch import load_file
-
-    from foxhunt.fxcache import FxCache
-    from foxhunt.train.data import MarketData
-    from foxhunt.train.policy import Policy
 
     a = run_train(tiny(demo_es, tmp_path / "a", fold_ids=(0,)), NullLogger())
     b = run_train(tiny(demo_es, tmp_path / "b", fold_ids=(0,)), NullLogger())
@@ -116,19 +111,10 @@ def test_same_seed_same_metrics_a_killed_task_resumes_and_a_served_checkpoint_tr
     resumed = run_train(cfg, NullLogger())
     assert resumed.resumed and metrics_of(resumed) == metrics_of(a)
 
-    ckpt = a.run_dir / "fold-0" / "best.safetensors"
-    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
-    data = MarketData.from_fxcache(cache, torch.device("cpu"))
-    agent = EnsembleAgent(TRAIN_TINY, EnvConfig(), data, 0)
-    tensors = load_file(str(ckpt))
-    agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    agent.prepare_eval(2000, 2300)
-    t = torch.arange(2000, 2300)
-    port = torch.stack([torch.linspace(-1, 1, 300), torch.zeros(300), torch.zeros(300)], 1)
-    want = agent.greedy(t, port).numpy()
-    got = Policy.load(ckpt).act(data.mkt[t].numpy(), port.numpy())
+    got, want = served_and_trained_orders(
+        demo_es, a.run_dir / "fold-0" / "best.safetensors",
+        lambda data: EnsembleAgent(TRAIN_TINY, EnvConfig(), data, 0),
+    )  # fmt: skip
     L = TRAIN_TINY.window
     assert (got[L - 1 :] == want[L - 1 :]).all()
 

@@ -30,7 +30,7 @@ from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOB, TLOBConfig
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
-from trainruns import Killed, metrics_of
+from trainruns import Killed, metrics_of, served_and_trained_orders
 
 TLOB_TINY = TLOBConfig(window=16, hidden=16, layers=1, horizon=5, batch_size=64, steps=8)
 CFC_TINY = CfCConfig(window=16, units=16, backbone_units=32, horizon=5, batch_size=64, steps=8)
@@ -235,28 +235,13 @@ def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_p
 def test_a_served_checkpoint_trades_as_the_trainer_does(demo_es, tmp_path):
     """Policy.load of a TLOB checkpoint, given consecutive bars, orders what the trainer's
     policy orders with the same weights (rows with a full window inside the frame)."""
-    from safetensors.torch import load_file
-
-    from foxhunt.fxcache import FxCache
-    from foxhunt.train.data import MarketData
-    from foxhunt.train.policy import Policy
 
     cfg = tiny(demo_es, tmp_path, "tlob", fold_ids=(1,), epochs=1)
     res = run_train(cfg, NullLogger())
-    ckpt = res.run_dir / "fold-1" / "best.safetensors"
-    policy = Policy.load(ckpt)
-    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
-    data = MarketData.from_fxcache(cache, torch.device("cpu"))
-    agent = SupervisedAgent(cfg.tlob, cfg.env, data, 0)
-    tensors = load_file(str(ckpt))
-    agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    t = torch.arange(1000, 1300)
-    agent.prepare_eval(1000, 1300)
-    port = torch.stack([torch.linspace(-1, 1, 300), torch.zeros(300), torch.zeros(300)], 1)
-    want = agent.greedy(t, port).numpy()
-    got = policy.act(data.mkt[t].numpy(), port.numpy())
+    got, want = served_and_trained_orders(
+        demo_es, res.run_dir / "fold-1" / "best.safetensors",
+        lambda data: SupervisedAgent(cfg.tlob, cfg.env, data, 0), lo=1000,
+    )  # fmt: skip
     L = cfg.tlob.window
     assert (got[L - 1 :] == want[L - 1 :]).all()
 
@@ -281,10 +266,6 @@ def test_tft_forecasts_quantiles_and_says_which_columns_it_reads(demo_es, tmp_pa
     explain.json: a selection weight for each of the 50 columns, summing to 1."""
     from safetensors.torch import load_file
 
-    from foxhunt.fxcache import FxCache
-    from foxhunt.train.data import MarketData
-    from foxhunt.train.policy import Policy
-
     cfg = tiny(demo_es, tmp_path, "tft", fold_ids=(1,), epochs=1)
     res = run_train(cfg, NullLogger())
     fold = res.run_dir / "fold-1"
@@ -293,19 +274,10 @@ def test_tft_forecasts_quantiles_and_says_which_columns_it_reads(demo_es, tmp_pa
     assert len(w) == 50 and sum(w.values()) == pytest.approx(1.0, abs=1e-6)
     assert list(w.values()) == sorted(w.values(), reverse=True)
     assert res.folds[0]["explain"] == "fold-1/explain.json"
-    tensors = load_file(str(fold / "best.safetensors"))
-    assert {"target.theta", "target.scale"} <= set(tensors)
-    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
-    data = MarketData.from_fxcache(cache, torch.device("cpu"))
-    agent = SupervisedAgent(cfg.tft, cfg.env, data, 0)
-    agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    agent.prepare_eval(2000, 2300)
-    t = torch.arange(2000, 2300)
-    port = torch.stack([torch.linspace(-1, 1, 300), torch.zeros(300), torch.zeros(300)], 1)
-    want = agent.greedy(t, port).numpy()
-    got = Policy.load(fold / "best.safetensors").act(data.mkt[t].numpy(), port.numpy())
+    assert {"target.theta", "target.scale"} <= set(load_file(str(fold / "best.safetensors")))
+    got, want = served_and_trained_orders(
+        demo_es, fold / "best.safetensors", lambda data: SupervisedAgent(cfg.tft, cfg.env, data, 0)
+    )
     L = cfg.tft.window
     assert (got[L - 1 :] == want[L - 1 :]).all()
     assert len(set(want[:, 0].tolist())) > 1  # the forecasts are not all one class
