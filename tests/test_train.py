@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -416,3 +417,25 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     assert registered.predict(frame).equals(
         mlflow.pyfunc.load_model(best["model_uri"]).predict(frame)
     )
+
+
+def test_the_compile_cache_goes_where_the_config_says(tmp_path, monkeypatch):
+    """compile_cache points inductor's and Triton's caches below a folder per torch version
+    (a cold and a warm start through it: bench/bench_compile_cache.py); it does not change
+    what the task computes (not in the config digest)."""
+    import torch
+
+    from foxhunt.train.core import use_compile_cache
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    path = use_compile_cache(tmp_path / "cc")
+    assert path == tmp_path / "cc" / f"torch-{torch.__version__}" and path.is_dir()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
+    assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    assert cache_dir() == str(path)
+    doc = {"fxcache_key": "k", "folds": []}
+    a = TrainConfig(compile_cache=tmp_path / "a").digest(doc)
+    assert a == TrainConfig(compile_cache=None).digest(doc)

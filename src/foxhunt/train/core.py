@@ -99,6 +99,11 @@ class TrainConfig:
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """Training device (auto: CUDA when present, else the CPU)."""
+    compile_cache: Path | None = None
+    """Where torch.compile keeps what it compiled (inductor's FX graph and kernel caches, Triton's
+    kernels), below a folder per torch version: a later task of the same model on the same kind
+    of GPU (a retry, a rerun, the next seed) loads instead of compiling. The pipeline puts it on
+    the fxcache volume; None: torch's default (the pod's /tmp, lost with it)."""
     gpus: int = 1
     """Data-parallel processes on this node, one GPU each (foxhunt.train.distributed): above 1,
     `foxhunt train` starts them through torchrun. On CPUs, processes (gloo)."""
@@ -166,7 +171,8 @@ class TrainConfig:
         """What the results depend on: the settings of the chosen model and the folds (their
         content, which names the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
-        skip = ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags")
+        skip = ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags",
+                "compile_cache")  # fmt: skip
         others = [m for m in MODELS if m != self.model]
         for k in (*skip, "baselines", *others):
             d.pop(k)
@@ -411,6 +417,8 @@ def run_train(
 ) -> TrainResult:
     # Everything that can be checked is checked before the data is uploaded.
     doc = load_folds(cfg.folds)
+    if cfg.compile_cache is not None:
+        use_compile_cache(Path(cfg.compile_cache))
     # Under torchrun: join the job (process group, this rank's GPU); else the device asked for.
     device = distributed.init(cfg.device) if distributed.launched() else pick_device(cfg.device)
     try:
@@ -462,6 +470,17 @@ def run_train(
     if distributed.launched():
         distributed.finish()
     return result
+
+
+def use_compile_cache(root: Path) -> Path:
+    """Point inductor's and Triton's caches at `root`/torch-<version> (before anything is
+    compiled in this process). Entries are written to a temporary name and renamed, so tasks
+    sharing the folder (the fxcache volume) do not corrupt each other's."""
+    path = root / f"torch-{torch.__version__}"
+    path.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
+    os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    return path
 
 
 @contextlib.contextmanager

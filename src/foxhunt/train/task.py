@@ -40,6 +40,8 @@ def task_config(*, work_dir: str, folds_path: str, model: str, seed: int, epochs
     return TrainConfig(
         folds=Path(folds_path), cache=Path(work_dir) / "fxcache", model=model, epochs=epochs,
         seed=seed, out=Path(work_dir) / "runs", gpus=gpus,
+        # What torch.compile made, kept on the volume for the next task (retry, rerun, seed).
+        compile_cache=Path(work_dir) / "compile-cache",
         **({"fold_ids": (fold,)} if fold >= 0 else {}),
         # A retry of this task (same KFP run) resumes; a new pipeline run trains afresh.
         run_id=kfp_run_id, tracking="mlflow",

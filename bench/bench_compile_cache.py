@@ -1,0 +1,92 @@
+"""Task start to first epoch, cold and warm: what torch.compile costs a task and what the
+compile cache on the fxcache volume (TrainConfig.compile_cache) saves the next one.
+
+    python3 bench/bench_compile_cache.py [--models dqn,ppo,tlob]     on a CUDA device
+    python3 bench/bench_compile_cache.py --cpu-smoke                 tiny sizes on the CPU
+
+For each model, two fresh processes in turn over one empty cache folder: the first compiles
+(cold), the second loads what the first kept (warm). Each builds the model at its GPU defaults
+over the standard synthetic market (foxhunt.bench.workload), captures it and runs one epoch,
+and reports the seconds from its start (interpreter and imports included) to the end of that
+epoch, and inductor's FX graph cache hits and misses. Goal (issue 18): warm <= 5 s to the first
+epoch. Prints a table; JSON to $OUT or /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = """
+import json, sys, time
+t0 = float(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+import torch
+from foxhunt.train.core import use_compile_cache
+use_compile_cache(Path(sys.argv[3]))
+from foxhunt.bench.workload import model_config, standard_market
+from foxhunt.train.agents import AGENTS
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig
+model, sets = sys.argv[4], json.loads(sys.argv[5])
+dev, n = torch.device(sys.argv[6]), int(sys.argv[7])
+data = MarketData(*standard_market(n), dev)
+agent = AGENTS[model].load()[1](model_config(model, sets), EnvConfig(), data, 0)
+agent.reset_fold(0, int(n * 0.6), seed=1)
+if agent.cfg.capture == "graph":
+    agent.capture()
+agent.begin_epoch(0, 1)
+for _ in range(agent.rounds):
+    agent.collect()
+    agent.learn()
+agent.read_stats()
+if dev.type == "cuda":
+    torch.cuda.synchronize()
+from torch._dynamo.utils import counters
+print(json.dumps({"first_epoch_s": time.time() - t0,
+                  "fxgraph": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k}}))
+"""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="dqn,ppo,pqn,tlob")
+    ap.add_argument("--cpu-smoke", action="store_true")
+    args = ap.parse_args()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    dev = "cpu" if args.cpu_smoke else "cuda"
+    n = 20_000 if args.cpu_smoke else 2_000_000
+    res = {}
+    for model in args.models.split(","):
+        sets = {"compile": True}
+        if args.cpu_smoke:
+            sets |= {"tlob": {"window": 8, "hidden": 8, "layers": 1, "batch_size": 32,
+                              "steps": 2}}.get(model, {"envs": 64, "batch_size": 64})  # fmt: skip
+        with tempfile.TemporaryDirectory() as cache:
+            row = {}
+            for phase in ("cold", "warm"):
+                p = subprocess.run(
+                    [sys.executable, "-c", CHILD, str(time.time()), src, cache, model,
+                     json.dumps(sets), dev, str(n)],
+                    capture_output=True, text=True, env=os.environ.copy(),
+                )  # fmt: skip
+                lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+                row[phase] = json.loads(lines[-1]) if lines else {"error": p.stderr[-800:]}
+            res[model] = row
+            fmt = {k: (f"{v['first_epoch_s']:.1f} s {v['fxgraph']}" if "first_epoch_s" in v
+                       else f"FAILED {v['error']}") for k, v in row.items()}  # fmt: skip
+            print(f"{model:6s} cold {fmt['cold']}   warm {fmt['warm']}", flush=True)
+    out = Path(os.environ.get("OUT", "/tmp")) / "bench_compile_cache.json"
+    out.write_text(json.dumps(res, indent=1))
+    print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()
