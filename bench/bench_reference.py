@@ -12,6 +12,10 @@
   batch size. The reference code is not part of foxhunt: check it out (MIT licence) and pass
   its folder; its `wandb` and `lion_pytorch` imports, unused at these settings, are stubbed, and
   `torch_ema` must be importable (carried as a wheel on the device).
+- TFT: foxhunt's TFT (one CUDA graph a step, bf16, compiled) against pytorch-forecasting's
+  TemporalFusionTransformer as its users run it (a pandas TimeSeriesDataSet, its DataLoader, a
+  Lightning Trainer; precision 32 and bf16-mixed), same windows, batch and widths, where
+  pytorch_forecasting is importable (carried as a wheel; not a dependency of foxhunt).
 - CfC: foxhunt's CfC compiled inside one CUDA graph a step, against the same model run step by
   step without compilation (eager), and against `ncps.torch.CfC` (the authors' package, eager)
   with the same sizes, where ncps is importable.
@@ -47,6 +51,7 @@ from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.models.cfc import CfCConfig
+from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOBConfig
 
 
@@ -136,6 +141,53 @@ def reference_tlob(ref: Path, x: np.ndarray, y: np.ndarray, window: int, batch: 
             "precision": str(precision), "workers": workers}  # fmt: skip
 
 
+def reference_tft(x: np.ndarray, r: np.ndarray, window: int, batch: int, steps: int, warm: int,
+                  device: str, workers: int, rows: int, precision) -> dict:  # fmt: skip
+    """pytorch-forecasting's TemporalFusionTransformer as its users run it: a pandas frame of
+    the 50 columns and the target (the 10-bar return), a TimeSeriesDataSet of encoder windows
+    of `window` bars and one step ahead, its DataLoader, a Lightning Trainer, the quantile loss;
+    the same widths as ours (hidden 64, 4 heads, 64 per variable). `rows` bars of the market
+    (the dataset's pandas build is the slow part, not what is timed)."""
+    import lightning as L
+    import pandas as pd
+    from pytorch_forecasting import QuantileLoss, TemporalFusionTransformer, TimeSeriesDataSet
+
+    n = min(rows, len(r))
+    cols = [f"c{i}" for i in range(x.shape[1])]
+    df = pd.DataFrame(x[:n], columns=cols)
+    df["target"], df["time_idx"], df["group"] = r[:n].astype(np.float32), np.arange(n), "ES"
+    ds = TimeSeriesDataSet(
+        df, time_idx="time_idx", target="target", group_ids=["group"],
+        max_encoder_length=window, max_prediction_length=1,
+        time_varying_unknown_reals=[*cols, "target"], target_normalizer=None,
+    )  # fmt: skip
+    dl = ds.to_dataloader(train=True, batch_size=batch, num_workers=workers)
+    tft = TemporalFusionTransformer.from_dataset(
+        ds, hidden_size=64, attention_head_size=4, dropout=0.1, hidden_continuous_size=64,
+        loss=QuantileLoss([0.1, 0.5, 0.9]), learning_rate=1e-3,
+    )  # fmt: skip
+    marks: list[float] = []
+
+    class Clock(L.Callback):
+        def on_train_batch_end(self, trainer, module, outputs, batch_, batch_idx):
+            if batch_idx in (warm - 1, warm + steps - 1):
+                if device == "cuda":
+                    torch.cuda.synchronize()
+                marks.append(time.perf_counter())
+
+    trainer = L.Trainer(
+        accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
+        max_steps=warm + steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[Clock()],
+    )  # fmt: skip
+    trainer.fit(tft, train_dataloaders=dl)
+    s = marks[1] - marks[0]
+    params = sum(p.numel() for p in tft.parameters() if p.requires_grad)
+    return {"samples_per_s": steps * batch / s, "step_ms": s / steps * 1e3, "params": params,
+            "precision": str(precision), "workers": workers, "rows": n}  # fmt: skip
+
+
 def ncps_cfc(x_dev: torch.Tensor, y_dev: torch.Tensor, window: int, batch: int, units: int,
              steps: int, warm: int) -> dict:  # fmt: skip
     """ncps.torch.CfC (eager, its own per-step loop) with a linear readout of 3 classes, AdamW,
@@ -177,7 +229,7 @@ def main() -> None:
     ap.add_argument("--tlob-reference", type=Path, help="checkout of LeonardoBerti00/TLOB")
     ap.add_argument("--batch", type=int, default=1024)
     ap.add_argument("--workers", type=int, default=4, help="the reference's DataLoader workers")
-    ap.add_argument("--only", default="tlob,cfc")
+    ap.add_argument("--only", default="tlob,cfc,tft")
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
@@ -224,6 +276,26 @@ def main() -> None:
                     lambda p=precision: reference_tlob(
                         args.tlob_reference.resolve(), x, y, window, batch, steps, warm, p,
                         dev.type, 0 if smoke else args.workers))  # fmt: skip
+    if "tft" in args.only:
+        cfg = TFTConfig(window=window, hidden=16 if smoke else 64, heads=4, batch_size=batch,
+                        steps=steps, capture=rt, precision=prec, compile=not smoke)  # fmt: skip
+        add(f"foxhunt tft ({how})", lambda: ours(cfg, data, train, steps, warm))
+        try:
+            import pytorch_forecasting  # noqa: F401
+
+            x = np.concatenate([feats, ofi], 1).astype(np.float32)
+            c = targets[:, 3]
+            r = np.zeros_like(c)
+            r[:-10] = c[10:] / c[:-10] - 1
+            for p in ("32", "bf16-mixed"):
+                if smoke and p != "32":
+                    continue
+                add(f"pytorch-forecasting TFT, precision {p}",
+                    lambda p=p: reference_tft(x, r, window, batch, steps, warm, dev.type,
+                                              0 if smoke else args.workers,
+                                              5_000 if smoke else 200_000, p))  # fmt: skip
+        except ImportError:
+            print("pytorch-forecasting not importable: its row is left out", flush=True)
     if "cfc" in args.only:
         cfg = CfCConfig(window=window, batch_size=batch, steps=steps, capture=rt,
                         precision=prec, compile=not smoke)  # fmt: skip
@@ -243,6 +315,11 @@ def main() -> None:
         except ImportError:
             print("ncps not importable: its row is left out", flush=True)
     for name in rows:
+        if name.startswith("pytorch-forecasting") and "error" not in res[name]:
+            for k in rows:
+                if k.startswith("foxhunt tft") and "error" not in res[k]:
+                    ratio = res[k]["samples_per_s"] / res[name]["samples_per_s"]
+                    print(f"  {k} / {name}: {ratio:.1f}x")
         if name.startswith("reference tlob") and "error" not in res[name]:
             for ref_name in rows:
                 if ref_name.startswith("foxhunt tlob") and "error" not in res[ref_name]:
