@@ -45,6 +45,16 @@ def test_two_dqn_ranks_keep_identical_weights_and_rank_0_alone_writes(demo_es, t
     assert [f["fold"] for f in doc["folds"]] == [0, 1]
 
 
+def test_two_ppo_ranks_keep_identical_weights(demo_es, tmp_path):
+    """PPO's update averages its gradients over the ranks as the DQN's does (the job's own
+    check at the fold's end would fail it otherwise)."""
+    torchrun_train(demo_es, tmp_path, "--model", "ppo", "--epochs", "1", "--fold-ids", "0",
+                   "--ppo.envs", "32", "--ppo.rollout-steps", "8", "--ppo.rounds", "2",
+                   "--ppo.hidden", "32", "32")  # fmt: skip
+    (run,) = (tmp_path / "ddp").iterdir()
+    assert json.loads((run / "results.json").read_text())["model"] == "ppo"
+
+
 def test_two_ranks_at_half_the_batch_train_as_one_process_at_the_whole(demo_es, tmp_path):
     cache, folds = demo_es
     sizes = ["--cfc.window", "16", "--cfc.units", "16", "--cfc.backbone-units", "32",

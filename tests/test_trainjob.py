@@ -148,3 +148,35 @@ def test_the_config_travels_to_the_nodes_whole_and_the_entry_point_trains_it(dem
     assert p.returncode == 0, p.stderr[-2000:]
     assert "mean over 1 fold(s)" in p.stdout
     assert list((tmp_path / "runs" / "nodes").glob("*/results.json"))
+
+
+def test_the_step_submits_the_task_and_fails_with_the_job_s_reason(api, tmp_path, monkeypatch):
+    """components/train_job.py as a pod runs it, against the recording API server: it writes
+    the task's config and folds onto the volume, creates the TrainJob that names them, and a
+    failed job fails the step with the job's reason."""
+    from types import SimpleNamespace
+
+    from components import train_job
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr(tj, "in_cluster_api", lambda: api)
+    monkeypatch.setattr(tj, "pod_namespace", lambda: "team-a")
+    folds = tmp_path / "folds.json"
+    folds.write_text(json.dumps({"fxcache_key": "k", "folds": [{"fold": 0}]}))
+    KubeAPI.states = [state(None), state("Failed", "PodFailed", "node-0: OOMKilled")]
+    with pytest.raises(tj.TrainJobFailed, match="PodFailed: node-0: OOMKilled"):
+        train_job.python_func(
+            work_dir=str(tmp_path), folds=SimpleNamespace(path=str(folds)), results=None,
+            metrics=None, best_model=None, nodes=2, gpus_per_node=8,
+            fxcache_pvc="foxhunt-fxcache", model="ppo", seed=3, kfp_run_id="run-7", fold=0,
+            gpu_image="reg/foxhunt-gpu:abc",
+        )  # fmt: skip
+    (_, path, body) = KubeAPI.requests[0]
+    assert path.endswith("/namespaces/team-a/trainjobs")
+    cfg_path = body["spec"]["trainer"]["command"][-1]
+    cfg = tj.load_config(cfg_path)
+    assert (cfg.model, cfg.seed, cfg.fold_ids, cfg.gpus, cfg.run_id) == ("ppo", 3, (0,), 8,
+                                                                          "run-7")  # fmt: skip
+    assert cfg.folds.read_text() == folds.read_text()  # a copy on the volume the nodes read
+    assert body["spec"]["trainer"]["image"] == "reg/foxhunt-gpu:abc"
+    assert body["metadata"]["name"] == "foxhunt-run-7-ppo-seed3-fold0"
