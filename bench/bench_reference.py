@@ -243,6 +243,7 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "batch": batch, "window": window}  # fmt: skip
     rows = []
+    out_path = Path(os.environ.get("OUT", "/tmp")) / "bench_reference.json"
 
     def add(name, fn):
         try:
@@ -251,6 +252,7 @@ def main() -> None:
             r = {"error": f"{type(e).__name__}: {str(e)[:500]}"}
         res[name] = r
         rows.append(name)
+        out_path.write_text(json.dumps(res, indent=1))  # each row kept as it comes
         if "error" in r:
             print(f"{name:44s} FAILED {r['error']}", flush=True)
         else:
@@ -331,9 +333,8 @@ def main() -> None:
         if base and (k.startswith("foxhunt cfc step") or k.startswith("ncps")):
             ratio = res[base[0]]["samples_per_s"] / res[k]["samples_per_s"]
             print(f"  {base[0]} / {k}: {ratio:.1f}x")
-    out = Path(os.environ.get("OUT", "/tmp")) / "bench_reference.json"
-    out.write_text(json.dumps(res, indent=2))
-    print(f"results in {out}")
+    out_path.write_text(json.dumps(res, indent=2))
+    print(f"results in {out_path}")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,11 @@ class DQNConfig:
     """Global gradient-norm clip."""
     tau: float = 0.005
     """Soft target update rate per learning step."""
+    act_with: Literal["online", "target"] = "target"
+    """The network the greedy policy (evaluation, checkpoints) acts with: the target network, a
+    Polyak average of the online weights over ~1/tau steps (the default: on the demo market it
+    earned more with less spread between seeds, costs on and off, docs/performance.md), or the
+    online network itself."""
     precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
     projection and the losses stay float32."""
@@ -522,23 +527,27 @@ class RainbowAgent:
             return None
         return torch.rand(n, self.cfg.iqn_quantiles, device=self.device)
 
-    def act_joint(self, state: torch.Tensor, noise: bool | str) -> torch.Tensor:
+    def act_joint(self, state: torch.Tensor, noise: bool | str, net=None) -> torch.Tensor:
         """Greedy joint actions [B] (noise: sample the noisy layers' current noise)."""
         with torch.no_grad(), self._autocast():
-            out = self.net(state, self._taus(len(state)), noise=noise)
+            out = (net or self.net)(state, self._taus(len(state)), noise=noise)
         return self.q_values(out).argmax(-1)
 
-    def act(self, state: torch.Tensor, noise: bool) -> torch.Tensor:
+    def act(self, state: torch.Tensor, noise: bool, net=None) -> torch.Tensor:
         """Greedy branch actions [B, 3] (direction, size, order type)."""
-        return self.joint.index_select(0, self.act_joint(state, noise))
+        return self.joint.index_select(0, self.act_joint(state, noise, net))
+
+    def _acting(self):
+        return self.target if self.cfg.act_with == "target" else self.net
 
     def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        """The evaluation policy: greedy on the mean weights (no noise)."""
-        return self.act(self.state(t, portfolio), noise=False)
+        """The evaluation policy: greedy on the mean weights (no noise) of the acting network
+        (`act_with`)."""
+        return self.act(self.state(t, portfolio), noise=False, net=self._acting())
 
     def weights(self) -> dict[str, torch.Tensor]:
-        """The network and the support its atoms sit on (C51's z, derived per fold)."""
-        return {**module_weights(self.net), "support.z": self.z}
+        """The acting network and the support its atoms sit on (C51's z, derived per fold)."""
+        return {**module_weights(self._acting()), "support.z": self.z}
 
     def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
         copy_weights(self.weights(), weights)

@@ -175,7 +175,13 @@ class Mamba2Block(nn.Module):
         """u [b, L, d_model] -> [b, L, d_model]; `scan` runs the step-by-step reference."""
         b, L, _ = u.shape
         z, xbc, dt = self.in_proj(u).split([self.inner, self.xbc, self.heads], -1)
-        xbc = F.silu(self.conv(xbc.transpose(1, 2))[..., :L].transpose(1, 2))  # causal
+        # The weights cast to the input's dtype by hand: autocast casts conv1d's bias only
+        # outside vmap (the ensemble vmaps over seeds), so this is what autocast does, always.
+        w, bias = self.conv.weight.to(xbc.dtype), self.conv.bias.to(xbc.dtype)
+        xbc = F.conv1d(
+            xbc.transpose(1, 2), w, bias, padding=self.conv.padding, groups=self.conv.groups
+        )
+        xbc = F.silu(xbc[..., :L].transpose(1, 2))  # causal: the first L outputs
         x, B, C = xbc.split([self.inner, self.d_state, self.d_state], -1)
         x = x.reshape(b, L, self.heads, self.headdim)
         # The SSD in float32 (or wider): decays are exponentials of sums, which bf16 cannot
