@@ -9,11 +9,13 @@ schedule and CUDA graph (foxhunt.train.agents.supervised), and every epoch train
 one epoch.
 
 Inference. Before a range is traded every member predicts its class probabilities for every
-bar. In parallel where the device allows: the seeds of one architecture as one batched call
-(`torch.func.stack_module_state` + `vmap` over their stacked weights; TFT's LSTM has no vmap
-rule, so its seeds run one by one), and the architectures on CUDA streams of their own so that
-their kernels overlap; one after another on a CPU (`parallel`). bench/bench_ensemble.py
-measures the two against each other.
+bar, one after another by default. `parallel="auto"` runs them in parallel on a GPU: the seeds
+of one architecture as one batched call (`torch.func.stack_module_state` + `vmap` over their
+stacked weights; TFT's LSTM has no vmap rule, so its seeds run one by one), and the
+architectures on CUDA streams of their own so that their kernels overlap. On the H200 that was
+slower than one after another (the eager forwards are bound by kernel launches, and vmap falls
+back to a loop for attention and RMSNorm); bench/bench_ensemble.py measures the two against
+each other.
 
 Combination rules (`rule`):
 
@@ -71,10 +73,12 @@ class EnsembleConfig:
     """Members of each model, each with a seed of its own."""
     rule: Rule = "mean"
     """mean of probabilities, majority vote, or weights fitted on val (weighted)."""
-    parallel: Literal["auto", "vmap", "sequential"] = "auto"
-    """auto: on a GPU, members predict in parallel (vmap over the seeds of an architecture, CUDA
-    streams across architectures), on a CPU one after another; vmap: vmap over seeds on any
-    device; sequential: one after another."""
+    parallel: Literal["auto", "vmap", "sequential"] = "sequential"
+    """sequential: members predict one after another; auto: on a GPU in parallel (vmap over the
+    seeds of an architecture, CUDA streams across architectures), on a CPU one after another;
+    vmap: vmap over seeds on any device. Sequential is the default because it was the faster on
+    the H200 (8 members, 100k bars: 18.3 s; auto did not finish warm-up and three runs in 150 s,
+    bench/bench_ensemble.py, 2026-12-02)."""
     flat: Literal["hold", "flat"] = "hold"
     """What a flat combined prediction does: keep the position held, or close it."""
     sizing: Literal["full", "confidence"] = "full"
