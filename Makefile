@@ -61,6 +61,9 @@ images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, def
 	docker build -f images/Dockerfile.cpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.gpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.mlflow -t $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG) .
+
+images-local: ## Build the three images here without Docker or a registry (buildah, debootstrap), run each as uid 10001
+	images/build-local.sh
 	docker push $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)
@@ -77,8 +80,13 @@ deploy-volumes: setup ## Create the two PVCs in NAMESPACE (your Kubeflow profile
 	$(BIN)/python infra/render.py volumes --namespace $(NAMESPACE) --storage-class "$(STORAGE_CLASS)" --out build/infra-volumes
 	kubectl apply -f build/infra-volumes
 
-lock: setup ## Regenerate images/requirements.lock from the venv's installed versions
-	$(BIN)/python images/lock.py
+# torch's CPU build (no CUDA wheels in the closure) is found at TORCH_FIND_LINKS; torch itself is
+# left out of the lock: each image installs its own build of it.
+TORCH_FIND_LINKS ?= https://download.pytorch.org/whl/cpu/torch/
+LOCK_OPTS = --generate-hashes --python-version 3.11 --python-platform x86_64-manylinux_2_28 --quiet
+lock: setup ## Regenerate images/requirements.lock and images/mlflow.lock (uv pip compile, with hashes)
+	$(BIN)/uv pip compile pyproject.toml --find-links $(TORCH_FIND_LINKS) --no-emit-package torch $(LOCK_OPTS) -o images/requirements.lock
+	$(BIN)/uv pip compile images/mlflow.in --constraint images/requirements.lock $(LOCK_OPTS) -o images/mlflow.lock
 
 ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
@@ -108,4 +116,4 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 clean: ## Remove the virtual environment, build outputs and demo data
 	rm -rf $(VENV) build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run compile submit images deploy-infra deploy-volumes lock ui test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit images images-local deploy-infra deploy-volumes lock ui test lint format bench bench-gpu features-doc clean

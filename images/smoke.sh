@@ -1,0 +1,61 @@
+#!/bin/sh
+# Smoke test run inside a built image (images/build-local.sh runs it as uid 10001): the CPU
+# image's steps chained on a tiny demo set, each writing only under one work directory (the
+# root filesystem may be read-only in a pod; caches go to /tmp by the image's environment).
+#   images/smoke.sh cpu [WORK]     synth -> ingest -> precompute -> folds -> train -> report
+#   images/smoke.sh gpu            the imports the train step needs (torch, triton)
+#   images/smoke.sh mlflow         the MLflow server's command line
+set -eu
+what=${1:?cpu, gpu or mlflow}
+case "$what" in
+cpu)
+    work=${2:-$(mktemp -d)}
+    foxhunt --help >/dev/null
+    python -c "import kfp.dsl.executor_main, polars, databento_dbn, talib, torch, mlflow, foxhunt.cli; print('imports: kfp executor, polars, databento_dbn, talib, torch', torch.__version__, 'mlflow', mlflow.__version__)"
+    foxhunt synth --out "$work/raw" --symbols ES --start 2024-01-02 --end 2024-04-01 \
+        --events-per-bar 5 >/dev/null
+    foxhunt ingest --raw "$work/raw" --out "$work/ingested" >/dev/null
+    foxhunt precompute --data "$work/ingested" --out "$work/fxcache" --symbols ES >/dev/null
+    foxhunt folds --cache "$work/fxcache" --symbol ES --out "$work/folds.json" \
+        --train-months 1 >/dev/null
+    foxhunt train --folds "$work/folds.json" --cache "$work/fxcache" --epochs 1 --fold-ids 0 \
+        --out "$work/runs" --tracking none --dqn.envs 8 --dqn.collect-steps 4 \
+        --dqn.learn-steps 2 --dqn.batch-size 16 --dqn.hidden 16 16 --dqn.replay-capacity 256 \
+        | grep "test Sharpe"
+    foxhunt report --runs "$work/runs" --out "$work/report" >/dev/null
+    test -s "$work/report/report.md"
+    echo "cpu chain: synth, ingest, precompute, folds, train (1 epoch), report: ok"
+    ;;
+gpu)
+    foxhunt --help >/dev/null
+    python -c "import torch, triton, kfp.dsl.executor_main, foxhunt.train; print('imports: torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__, '; CUDA device here:', torch.cuda.is_available())"
+    ;;
+mlflow)
+    mlflow server --help >/dev/null
+    python -c "import mlflow, psycopg2, boto3; print('mlflow', mlflow.__version__, 'server --help: ok')"
+    # The server itself, on a throwaway SQLite store, until it answers /health.
+    work=$(mktemp -d)
+    port=${SMOKE_PORT:-50555}
+    mlflow server --backend-store-uri "sqlite:///$work/mlflow.db" --host 127.0.0.1 \
+        --port "$port" --workers 1 >"$work/server.log" 2>&1 &
+    pid=$!
+    python - "$port" <<'PY' || { kill "$pid"; tail -20 "$work/server.log"; exit 1; }
+import sys, time, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/health"
+for _ in range(120):
+    try:
+        body = urllib.request.urlopen(url, timeout=2).read().decode()
+        print("mlflow server answered /health:", body)
+        break
+    except OSError:
+        time.sleep(0.5)
+else:
+    sys.exit("mlflow server did not answer /health within 60 s")
+PY
+    kill "$pid"
+    ;;
+*)
+    echo "unknown image kind: $what" >&2
+    exit 2
+    ;;
+esac
