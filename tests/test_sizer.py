@@ -3,6 +3,7 @@ itself runs in tests/test_train_gpu.py on the device."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -87,3 +88,77 @@ def test_device_size_probes_once_then_takes_the_cached_size(tmp_path, monkeypatc
     # another configuration probes again; a cached size outside [lo, hi] is not used
     assert sizer.device_size("cuda", "m", {"a": 2}, None, 64, 4096, cache).source == "probed"
     assert sizer.device_size("cuda", "m", {"a": 1}, None, 64, 128, cache).source == "probed"
+
+
+def test_agent_sizes_halve_together_until_the_probe_fits_and_explicit_sizes_win(
+    tmp_path, monkeypatch
+):
+    """agent_sizes with the CUDA calls replaced (the probes are real: a DQN built at the
+    sizes, a fold reset, one collection and one learning phase, here on the CPU): 1 MB of
+    'memory' per 64th of the defaults and a 20 MB budget -> 16/64 of every size left to the
+    device; the cache answers the next task; a size the user set is not touched."""
+    from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+    from foxhunt.train.env import EnvConfig
+    from marketdata import random_market
+
+    probed = []
+
+    def fake_peak(device, step):
+        def measure(scale):
+            step(scale)  # builds and runs the agent: the sizes must make a valid agent
+            probed.append(scale)
+            return scale * 2**20
+
+        return measure
+
+    monkeypatch.setattr(sizer, "on_gpu", lambda device: True)
+    monkeypatch.setattr(sizer, "cuda_peak", fake_peak)
+    monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(40.5 * 2**20), 2**31))
+    data = random_market(3000, 0)
+    cfg = DQNConfig(hidden=(16, 16), head_hidden=16, collect_steps=4, learn_steps=2)
+    full = cfg.resolved(data.device)  # "the GPU defaults" of this test: the CPU's
+    cache = SizeCache(tmp_path / "sizes.json")
+    got, chosen = sizer.agent_sizes(RainbowAgent, cfg, EnvConfig(), data, cache)
+    want = {k: getattr(full, k) // 4 for k in ("envs", "batch_size", "replay_capacity")}
+    assert chosen.sizes == want and chosen.fraction == "16/64" and chosen.source == "probed"
+    assert {k: getattr(got, k) for k in want} == want and max(probed) > 16  # backed off
+    agent = RainbowAgent(got, EnvConfig(), data, 0)  # the chosen config trains
+    agent.reset_fold(0, 2000, seed=1)
+    agent.collect()
+    agent.learn()
+    n = len(probed)
+    _, cached = sizer.agent_sizes(RainbowAgent, cfg, EnvConfig(), data, cache)
+    assert cached.source == "cache" and cached.sizes == want and len(probed) == n
+    mine = dataclasses.replace(cfg, batch_size=32)  # the user's size wins, the rest is fitted
+    got, chosen = sizer.agent_sizes(RainbowAgent, mine, EnvConfig(), data, cache)
+    assert got.batch_size == 32 and "batch_size" not in chosen.sizes
+    every = dataclasses.replace(cfg, envs=8, batch_size=32, replay_capacity=4096)
+    assert sizer.agent_sizes(RainbowAgent, every, EnvConfig(), data, cache) == (every, None)
+    monkeypatch.setattr(sizer, "on_gpu", lambda device: False)  # a CPU: its defaults apply
+    assert sizer.agent_sizes(RainbowAgent, cfg, EnvConfig(), data, cache) == (cfg, None)
+
+
+@pytest.mark.parametrize("model", ["ppo", "pqn"])
+def test_on_policy_agents_fit_their_envs(model, tmp_path, monkeypatch):
+    from foxhunt.train.agents import AGENTS
+    from foxhunt.train.env import EnvConfig
+    from marketdata import random_market
+
+    def fake_peak(device, step):
+        def measure(scale):
+            step(scale)
+            return scale * 2**20
+
+        return measure
+
+    monkeypatch.setattr(sizer, "on_gpu", lambda device: True)
+    monkeypatch.setattr(sizer, "cuda_peak", fake_peak)
+    monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(40.5 * 2**20), 2**31))
+    config_cls, agent_cls = AGENTS[model].load()
+    data = random_market(3000, 0)
+    cfg = config_cls(hidden=(16, 16), rollout_steps=4)
+    got, chosen = sizer.agent_sizes(agent_cls, cfg, EnvConfig(), data, SizeCache(tmp_path / "s"))
+    assert chosen.sizes == {"envs": cfg.resolved(data.device).envs // 4}
+    assert got.envs == chosen.sizes["envs"]

@@ -429,10 +429,12 @@ def test_the_compile_cache_goes_where_the_config_says(tmp_path, monkeypatch):
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("FOXHUNT_SIZE_CACHE", raising=False)
     path = use_compile_cache(tmp_path / "cc")
     assert path == tmp_path / "cc" / f"torch-{torch.__version__}" and path.is_dir()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
     assert os.environ["TRITON_CACHE_DIR"] == str(path / "triton")
+    assert os.environ["FOXHUNT_SIZE_CACHE"] == str(tmp_path / "cc" / "sizes.json")  # beside
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     assert cache_dir() == str(path)

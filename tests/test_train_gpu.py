@@ -3,6 +3,8 @@ the captured CUDA-graph path gives the same numbers as the eager path."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -190,3 +192,26 @@ def test_supervised_batch_from_the_device(tmp_path, monkeypatch):
     c = SupervisedAgent(TLOBConfig(window=32, hidden=64, layers=2, batch_size=512,
                                    capture="eager"), EnvConfig(), data, seed=0)  # fmt: skip
     assert c.cfg.batch_size == 512 and c.sizing is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_agent_sizes_from_the_device(tmp_path, monkeypatch):
+    """A DQN with its envs, batch and replay left to the device: an H200 fits the GPU defaults
+    (64/64) with the probe's peak inside the budget; the next task reads the cache; the chosen
+    config trains."""
+    from foxhunt.train.sizer import agent_sizes
+
+    monkeypatch.setenv("FOXHUNT_SIZE_CACHE", str(tmp_path / "sizes.json"))
+    data = gpu_data()
+    cfg = DQNConfig(learn_steps=8, collect_steps=4)
+    got, chosen = agent_sizes(RainbowAgent, cfg, EnvConfig(), data)
+    assert chosen.source == "probed" and 0 < chosen.peak_bytes <= chosen.budget_bytes
+    if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30:
+        assert chosen.fraction == "64/64"
+    _, cached = agent_sizes(RainbowAgent, cfg, EnvConfig(), data)
+    assert cached.source == "cache" and cached.sizes == chosen.sizes
+    agent = RainbowAgent(dataclasses.replace(got, capture="eager"), EnvConfig(), data, 0)
+    agent.reset_fold(0, 10_000, seed=1)
+    agent.collect()
+    agent.learn()
+    assert all(torch.isfinite(v).all() for v in agent.weights().values())

@@ -63,6 +63,7 @@ from foxhunt.train.models.ensemble import EnsembleConfig
 from foxhunt.train.models.mamba2 import Mamba2Config
 from foxhunt.train.models.tft import TFTConfig
 from foxhunt.train.models.tlob import TLOBConfig
+from foxhunt.train.sizer import agent_sizes
 from foxhunt.train.tracking import Logger, MlflowLogger, NullLogger
 
 log = logging.getLogger(__name__)
@@ -475,11 +476,13 @@ def run_train(
 def use_compile_cache(root: Path) -> Path:
     """Point inductor's and Triton's caches at `root`/torch-<version> (before anything is
     compiled in this process). Entries are written to a temporary name and renamed, so tasks
-    sharing the folder (the fxcache volume) do not corrupt each other's."""
+    sharing the folder (the fxcache volume) do not corrupt each other's. The sizes the device
+    chose (foxhunt.train.sizer) are kept beside them, unless FOXHUNT_SIZE_CACHE says where."""
     path = root / f"torch-{torch.__version__}"
     path.mkdir(parents=True, exist_ok=True)
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(path)
     os.environ["TRITON_CACHE_DIR"] = str(path / "triton")
+    os.environ.setdefault("FOXHUNT_SIZE_CACHE", str(root / "sizes.json"))
     return path
 
 
@@ -542,7 +545,13 @@ def _train_folds(
         device,
         data.upload.seconds * 1e3,
     )
-    agent: Agent = agent_class(cfg.model)(cfg.agent_config(), cfg.env, data, cfg.seed)
+    # Sizes left to the device (envs, batch, replay on a GPU) fitted to its free memory.
+    agent_cfg, sizing = agent_sizes(agent_class(cfg.model), cfg.agent_config(), cfg.env, data)
+    if sizing is not None:
+        log.info("sizes from the device: %s (%s of the GPU defaults, %s)", sizing.sizes,
+                 sizing.fraction, sizing.source)  # fmt: skip
+    agent: Agent = agent_class(cfg.model)(agent_cfg, cfg.env, data, cfg.seed)
+    sizing = sizing or getattr(agent, "sizing", None)  # the supervised batch sizes itself
     if agent.cfg.capture == "graph":
         agent.capture()
     segments = cfg.eval_segments or (1024 if device.type == "cuda" else 16)
@@ -601,8 +610,8 @@ def _train_folds(
         "bars": data.n,
         "bar_size": doc["bar_size"],
     }
-    if getattr(agent, "sizing", None) is not None:  # sizes the device chose (foxhunt.train.sizer)
-        params["sizing"] = dataclasses.asdict(agent.sizing)
+    if sizing is not None:  # sizes the device chose (foxhunt.train.sizer)
+        params["sizing"] = dataclasses.asdict(sizing)
     task_name = f"{symbol} {cfg.model} seed{cfg.seed}"
     dataset = fxcache_dataset(cache, symbol, doc["bar_size"])
     run_ids["parent"] = logger.start_task(task_name, params, tags, run_ids["parent"], dataset)

@@ -1,4 +1,6 @@
-"""Sizes from the device: the largest batch whose training step fits in the GPU's free memory.
+"""Sizes from the device: the largest batch whose training step fits in the GPU's free memory
+(the supervised models), and the largest fraction of their GPU defaults an agent's envs, batch
+and replay may take (`agent_sizes`).
 
 A model's `probe(n)` runs what a training step at size n allocates (forward and backward on
 random inputs); `largest_fitting` searches the powers of two between a floor and a cap for the
@@ -157,3 +159,70 @@ def device_size(device: torch.device, what: str, config: dict, step: Callable[[i
              peak / 2**30, budget / 2**30)  # fmt: skip
     cache.put(key, choice, what)
     return choice
+
+
+# ------------------------------------------------------------------------- the agents' sizes
+SCALES = powers_of_two(1, 64)
+"""Fractions of the GPU defaults an agent's sizes may take, in 64ths: 64 is the defaults
+themselves (what the figures in docs/performance.md were measured at), 1 is 1/64 of them."""
+
+
+def on_gpu(device: torch.device) -> bool:
+    return device.type == "cuda"
+
+
+@dataclass(frozen=True)
+class AgentSizes:
+    sizes: dict[str, int]  # the fields the device chose
+    fraction: str  # of the GPU defaults, e.g. "1/4"
+    peak_bytes: int
+    budget_bytes: int
+    source: str  # "probed", "cache" or "rank 0"
+
+
+def agent_sizes(agent_cls, cfg, env_cfg, data, cache: SizeCache | None = None):
+    """`cfg` with the sizes it leaves to the device filled in, and what was chosen (None when
+    nothing was left to the device, or on a CPU, where the CPU defaults apply).
+
+    The fields an agent's config names in `device_sized` (DQN: envs, batch and replay
+    capacity; PPO and PQN: envs) and leaves at None take the largest fraction of their GPU
+    defaults, halving all of them together so that their ratios (and the config's checks)
+    hold, whose probe fits in MARGIN of the free memory: a probe builds the agent at those
+    sizes on the task's data, resets a fold and runs one collection and one learning phase,
+    eager. A probe that runs out of memory counts as too large. The choice is cached per GPU
+    model, torch version and configuration like the supervised batch (`device_size`); on
+    several data-parallel ranks rank 0's choice is every rank's."""
+    import dataclasses
+
+    from foxhunt.train import distributed
+
+    dev = data.device
+    fields = [f for f in getattr(cfg, "device_sized", ()) if getattr(cfg, f) is None]
+    if not on_gpu(dev) or not fields:
+        return cfg, None
+    full = cfg.resolved(dev)
+    defaults = {f: getattr(full, f) for f in fields}
+    top = SCALES[-1]
+
+    def at(scale: int) -> dict[str, int]:
+        return {f: max(1, d * scale // top) for f, d in defaults.items()}
+
+    def probe(scale: int) -> None:
+        c = dataclasses.replace(cfg, **at(scale), capture="eager", compile=False)
+        agent = agent_cls(c, env_cfg, data, 0)
+        agent.reset_fold(0, data.n, seed=0)
+        agent.begin_epoch(0, 1)
+        agent.collect()
+        agent.learn()
+        del agent
+
+    what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("lr", "tags")}
+    what["bars"] = data.n  # the probe's fold spans the data; its size is in the footprint
+    choice = device_size(dev, type(cfg).__name__, what, probe, SCALES[0], top, cache)
+    sizes = AgentSizes(at(choice.size), f"{choice.size}/{top}", choice.peak_bytes,
+                       choice.budget_bytes, choice.source)  # fmt: skip
+    first = distributed.shared(sizes)
+    if first != sizes:
+        sizes = dataclasses.replace(first, source="rank 0")
+    torch.cuda.empty_cache()
+    return dataclasses.replace(cfg, **sizes.sizes), sizes

@@ -39,7 +39,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -173,6 +173,9 @@ class DQNConfig:
     on with CUDA graphs). Costs about half a minute at the start of a task."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start)."""
+
+    device_sized: ClassVar[tuple[str, ...]] = ("envs", "batch_size", "replay_capacity")
+    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
     def resolved(self, device: torch.device) -> DQNConfig:
         return resolve(self, device, SIZES_BY_DEVICE)

@@ -28,6 +28,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -116,6 +117,9 @@ class PPOConfig:
     """CUDA graphs for the rollout and the update (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+
+    device_sized: ClassVar[tuple[str, ...]] = ("envs",)
+    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
     def resolved(self, device: torch.device) -> PPOConfig:
         return resolve(self, device, ONPOLICY_SIZES)

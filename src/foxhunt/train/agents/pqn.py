@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
@@ -97,6 +98,9 @@ class PQNConfig:
     """CUDA graphs for the rollout and the update (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+
+    device_sized: ClassVar[tuple[str, ...]] = ("envs",)
+    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
     def resolved(self, device: torch.device) -> PQNConfig:
         return resolve(self, device, ONPOLICY_SIZES)
