@@ -90,18 +90,11 @@ def test_device_size_probes_once_then_takes_the_cached_size(tmp_path, monkeypatc
     assert sizer.device_size("cuda", "m", {"a": 1}, None, 64, 128, cache).source == "probed"
 
 
-def test_agent_sizes_halve_together_until_the_probe_fits_and_explicit_sizes_win(
-    tmp_path, monkeypatch
-):
-    """agent_sizes with the CUDA calls replaced (the probes are real: a DQN built at the
-    sizes, a fold reset, one collection and one learning phase, here on the CPU): 1 MB of
-    'memory' per 64th of the defaults and a 20 MB budget -> 16/64 of every size left to the
-    device; the cache answers the next task; a size the user set is not touched."""
-    from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
-    from foxhunt.train.env import EnvConfig
-    from marketdata import random_market
-
-    probed = []
+def fake_agent_gpu(monkeypatch) -> list[int]:
+    """agent_sizes on a 'GPU' whose probes are real (the agent built at the sizes and run, here
+    on the CPU) but whose memory is faked: 1 MB per 64th of the defaults, 40.5 MB free (a 20 MB
+    budget). Returns the list the probed scales are appended to."""
+    probed: list[int] = []
 
     def fake_peak(device, step):
         def measure(scale):
@@ -115,6 +108,21 @@ def test_agent_sizes_halve_together_until_the_probe_fits_and_explicit_sizes_win(
     monkeypatch.setattr(sizer, "cuda_peak", fake_peak)
     monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(40.5 * 2**20), 2**31))
+    return probed
+
+
+def test_agent_sizes_halve_together_until_the_probe_fits_and_explicit_sizes_win(
+    tmp_path, monkeypatch
+):
+    """agent_sizes with the CUDA calls replaced (the probes are real: a DQN built at the
+    sizes, a fold reset, one collection and one learning phase, here on the CPU): 1 MB of
+    'memory' per 64th of the defaults and a 20 MB budget -> 16/64 of every size left to the
+    device; the cache answers the next task; a size the user set is not touched."""
+    from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+    from foxhunt.train.env import EnvConfig
+    from marketdata import random_market
+
+    probed = fake_agent_gpu(monkeypatch)
     data = random_market(3000, 0)
     cfg = DQNConfig(hidden=(16, 16), head_hidden=16, collect_steps=4, learn_steps=2)
     full = cfg.resolved(data.device)  # "the GPU defaults" of this test: the CPU's
@@ -145,17 +153,7 @@ def test_on_policy_agents_fit_their_envs(model, tmp_path, monkeypatch):
     from foxhunt.train.env import EnvConfig
     from marketdata import random_market
 
-    def fake_peak(device, step):
-        def measure(scale):
-            step(scale)
-            return scale * 2**20
-
-        return measure
-
-    monkeypatch.setattr(sizer, "on_gpu", lambda device: True)
-    monkeypatch.setattr(sizer, "cuda_peak", fake_peak)
-    monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (int(40.5 * 2**20), 2**31))
+    fake_agent_gpu(monkeypatch)
     config_cls, agent_cls = AGENTS[model].load()
     data = random_market(3000, 0)
     cfg = config_cls(hidden=(16, 16), rollout_steps=4)
