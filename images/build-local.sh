@@ -52,15 +52,15 @@ read_only_root() {
     mount -o remount,bind,ro "$root"
     mount -t tmpfs -o size=4g,mode=1777 tmpfs "$root/tmp"
     mount -t proc proc "$root/proc"
-    mount --rbind /dev "$root/dev"
+    mount --rbind /dev "$root/dev"  # with /dev/shm: multiprocessing needs it
     cp images/smoke.sh "$root/tmp/smoke.sh"
     mapfile -t env < <(buildah inspect --format '{{range .OCIv1.Config.Env}}{{println .}}{{end}}' "$c" | grep .)
     dir=$(buildah inspect --format '{{.OCIv1.Config.WorkingDir}}' "$c")
     rc=0
     chroot --userspec=10001:10001 "$root" /usr/bin/env -i HOME="$dir" "${env[@]}" \
         sh -c "cd '$dir' && exec sh /tmp/smoke.sh $kind" || rc=$?
-    umount -R "$root/dev"; umount "$root/proc" "$root/tmp" "$root"
-    rmdir "$root"
+    # lazily: a server the smoke run started may still be closing its files
+    umount -R -l "$root/dev"; umount -l "$root/proc" "$root/tmp" && umount -l "$root" && rmdir "$root"
     buildah umount "$c" >/dev/null
     return "$rc"
 }

@@ -35,7 +35,7 @@ mlflow)
     python -c "import mlflow, psycopg2, boto3; print('mlflow', mlflow.__version__, 'server --help: ok')"
     # The server itself, on a throwaway SQLite store, until it answers /health.
     work=$(mktemp -d)
-    port=${SMOKE_PORT:-50555}
+    port=$(python -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
     mlflow server --backend-store-uri "sqlite:///$work/mlflow.db" --host 127.0.0.1 \
         --port "$port" --workers 1 >"$work/server.log" 2>&1 &
     pid=$!
