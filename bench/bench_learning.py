@@ -169,7 +169,8 @@ def main() -> None:
     )
     ap.add_argument(
         "--set",
-        nargs="*",
+        nargs="+",
+        action="extend",  # --set a=1 --set b=2 == --set a=1 b=2
         default=[],
         metavar="[MODEL.]FIELD=VALUE",
         help="config fields over the chosen sizes, e.g. dqn.gamma=0.9 pqn.q_lambda=0.8; "
