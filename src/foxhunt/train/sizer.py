@@ -18,6 +18,7 @@ sets always wins; the sizer runs only for sizes left to the device.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from foxhunt.fsutil import write_json_atomic
+from foxhunt.train import distributed
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,7 @@ def on_gpu(device: torch.device) -> bool:
 @dataclass(frozen=True)
 class AgentSizes:
     sizes: dict[str, int]  # the fields the device chose
-    fraction: str  # of the GPU defaults, e.g. "1/4"
+    fraction: str  # of the GPU defaults, in 64ths: "16/64"
     peak_bytes: int
     budget_bytes: int
     source: str  # "probed", "cache" or "rank 0"
@@ -192,10 +194,6 @@ def agent_sizes(agent_cls, cfg, env_cfg, data, cache: SizeCache | None = None):
     eager. A probe that runs out of memory counts as too large. The choice is cached per GPU
     model, torch version and configuration like the supervised batch (`device_size`); on
     several data-parallel ranks rank 0's choice is every rank's."""
-    import dataclasses
-
-    from foxhunt.train import distributed
-
     dev = data.device
     fields = [f for f in getattr(cfg, "device_sized", ()) if getattr(cfg, f) is None]
     if not on_gpu(dev) or not fields:
