@@ -85,8 +85,9 @@ for kind in $KINDS; do
     args=(--build-arg "BASE_IMAGE=$BASE" --build-arg "GIT_COMMIT=$(git rev-parse HEAD)")
     case "$kind" in
     cpu)
-        wheel=$(ls "$TORCH_WHEELS"/torch-2.13.0+cpu-cp311-*.whl 2>/dev/null | head -1) || true
-        [ -n "$wheel" ] || { echo "no torch-2.13.0+cpu-cp311 wheel in $TORCH_WHEELS" >&2; exit 1; }
+        wheels=("$TORCH_WHEELS"/torch-2.13.0+cpu-cp311-*.whl)
+        wheel=${wheels[0]}
+        [ -e "$wheel" ] || { echo "no torch-2.13.0+cpu-cp311 wheel in $TORCH_WHEELS" >&2; exit 1; }
         cp -u "$wheel" images/wheels/
         args+=(--build-arg "TORCH_SOURCE=--no-index --find-links /tmp/wheels") ;;
     gpu) args+=(--build-arg PYTHON=python3.11 --build-arg TORCH_SOURCE=) ;;
