@@ -61,12 +61,12 @@ images: ## Build and push the CPU and GPU images to REGISTRY (tag IMAGE_TAG, def
 	docker build -f images/Dockerfile.cpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.gpu --build-arg GIT_COMMIT=$$(git rev-parse HEAD) -t $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG) .
 	docker build -f images/Dockerfile.mlflow -t $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG) .
-
-images-local: ## Build the three images here without Docker or a registry (buildah, debootstrap), run each as uid 10001
-	images/build-local.sh
 	docker push $(REGISTRY)/foxhunt-cpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-gpu:$(IMAGE_TAG)
 	docker push $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG)
+
+images-local: ## Build the three images here without Docker or a registry (buildah, debootstrap), run each as uid 10001
+	images/build-local.sh
 
 deploy-infra: setup ## Apply infra/base (namespace, volumes, MLflow server; image REGISTRY/foxhunt-mlflow:IMAGE_TAG)
 	$(BIN)/python infra/render.py base --image $(REGISTRY)/foxhunt-mlflow:$(IMAGE_TAG) --out build/infra

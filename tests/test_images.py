@@ -129,3 +129,22 @@ def test_every_component_names_one_of_the_images():
     assert images["train"] == GPU_IMAGE
     assert CPU_IMAGE.split("/")[-1].startswith("foxhunt-cpu:")
     assert GPU_IMAGE.split("/")[-1].startswith("foxhunt-gpu:")
+
+
+def make_recipe(target: str) -> list[str]:
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{target}:"))
+    recipe = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        recipe.append(line.strip())
+    return recipe
+
+
+def test_images_local_builds_without_docker_and_images_pushes_all_three():
+    assert make_recipe("images-local") == ["images/build-local.sh"]
+    pushed = [line for line in make_recipe("images") if line.startswith("docker push")]
+    assert [p.split("/")[-1].split(":")[0] for p in pushed] == [
+        "foxhunt-cpu", "foxhunt-gpu", "foxhunt-mlflow"
+    ]  # fmt: skip
