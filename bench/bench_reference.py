@@ -93,32 +93,11 @@ def labels_of(close: np.ndarray, h: int) -> np.ndarray:
     return np.where(r > theta, 2, np.where(r < -theta, 0, 1)).astype(np.int64)
 
 
-def reference_tlob(ref: Path, x: np.ndarray, y: np.ndarray, window: int, batch: int, steps: int,
-                   warm: int, precision, device: str, workers: int) -> dict:  # fmt: skip
-    """The reference's Engine + Dataset + DataLoader under a Lightning Trainer, timed from the
-    end of step `warm` to the end of step `warm + steps`."""
-    sys.path.insert(0, str(ref))
-    for name in ("wandb", "lion_pytorch"):  # imported by engine.py, unused at these settings
-        if name not in sys.modules:
-            stub = types.ModuleType(name)
-            stub.__spec__ = importlib.machinery.ModuleSpec(name, None)
-            stub.Lion = None
-            sys.modules[name] = stub
+def lightning_fit_seconds(module, loader, device: str, precision, warm: int, steps: int) -> float:
+    """Fit `module` on `loader` under a Lightning Trainer for `warm + steps` steps and return
+    the seconds from the end of step `warm` to the end of the last (CUDA synchronised)."""
     import lightning as L
-    from models.engine import Engine
-    from preprocessing.dataset import DataModule, Dataset
 
-    n = len(y) - window
-    xs = torch.from_numpy(x)
-    ys = torch.from_numpy(y[window - 1 :][:n].copy())
-    train_set = Dataset(xs, ys, window)
-    dm = DataModule(train_set, train_set, batch, batch * 4, num_workers=workers)
-    engine = Engine(
-        seq_size=window, horizon=10, max_epochs=1, model_type="TLOB", is_wandb=False,
-        experiment_type="TRAINING", lr=1e-4, optimizer="Adam", dir_ckpt="bench",
-        num_features=x.shape[1], dataset_type="BTC", num_layers=4, hidden_dim=40, num_heads=1,
-        is_sin_emb=True,
-    )  # fmt: skip
     marks: list[float] = []
 
     class Clock(L.Callback):
@@ -134,8 +113,36 @@ def reference_tlob(ref: Path, x: np.ndarray, y: np.ndarray, window: int, batch: 
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[Clock()],
     )  # fmt: skip
-    trainer.fit(engine, train_dataloaders=dm.train_dataloader())
-    s = marks[1] - marks[0]
+    trainer.fit(module, train_dataloaders=loader)
+    return marks[1] - marks[0]
+
+
+def reference_tlob(ref: Path, x: np.ndarray, y: np.ndarray, window: int, batch: int, steps: int,
+                   warm: int, precision, device: str, workers: int) -> dict:  # fmt: skip
+    """The reference's Engine + Dataset + DataLoader under a Lightning Trainer, timed from the
+    end of step `warm` to the end of step `warm + steps`."""
+    sys.path.insert(0, str(ref))
+    for name in ("wandb", "lion_pytorch"):  # imported by engine.py, unused at these settings
+        if name not in sys.modules:
+            stub = types.ModuleType(name)
+            stub.__spec__ = importlib.machinery.ModuleSpec(name, None)
+            stub.Lion = None
+            sys.modules[name] = stub
+    from models.engine import Engine
+    from preprocessing.dataset import DataModule, Dataset
+
+    n = len(y) - window
+    xs = torch.from_numpy(x)
+    ys = torch.from_numpy(y[window - 1 :][:n].copy())
+    train_set = Dataset(xs, ys, window)
+    dm = DataModule(train_set, train_set, batch, batch * 4, num_workers=workers)
+    engine = Engine(
+        seq_size=window, horizon=10, max_epochs=1, model_type="TLOB", is_wandb=False,
+        experiment_type="TRAINING", lr=1e-4, optimizer="Adam", dir_ckpt="bench",
+        num_features=x.shape[1], dataset_type="BTC", num_layers=4, hidden_dim=40, num_heads=1,
+        is_sin_emb=True,
+    )  # fmt: skip
+    s = lightning_fit_seconds(engine, dm.train_dataloader(), device, precision, warm, steps)
     params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     return {"samples_per_s": steps * batch / s, "step_ms": s / steps * 1e3, "params": params,
             "precision": str(precision), "workers": workers}  # fmt: skip
@@ -148,7 +155,6 @@ def reference_tft(x: np.ndarray, r: np.ndarray, window: int, batch: int, steps: 
     of `window` bars and one step ahead, its DataLoader, a Lightning Trainer, the quantile loss;
     the same widths as ours (hidden 64, 4 heads, 64 per variable). `rows` bars of the market
     (the dataset's pandas build is the slow part, not what is timed)."""
-    import lightning as L
     import pandas as pd
     from pytorch_forecasting import QuantileLoss, TemporalFusionTransformer, TimeSeriesDataSet
 
@@ -166,23 +172,7 @@ def reference_tft(x: np.ndarray, r: np.ndarray, window: int, batch: int, steps: 
         ds, hidden_size=64, attention_head_size=4, dropout=0.1, hidden_continuous_size=64,
         loss=QuantileLoss([0.1, 0.5, 0.9]), learning_rate=1e-3,
     )  # fmt: skip
-    marks: list[float] = []
-
-    class Clock(L.Callback):
-        def on_train_batch_end(self, trainer, module, outputs, batch_, batch_idx):
-            if batch_idx in (warm - 1, warm + steps - 1):
-                if device == "cuda":
-                    torch.cuda.synchronize()
-                marks.append(time.perf_counter())
-
-    trainer = L.Trainer(
-        accelerator="gpu" if device == "cuda" else "cpu", devices=1, precision=precision,
-        max_steps=warm + steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[Clock()],
-    )  # fmt: skip
-    trainer.fit(tft, train_dataloaders=dl)
-    s = marks[1] - marks[0]
+    s = lightning_fit_seconds(tft, dl, device, precision, warm, steps)
     params = sum(p.numel() for p in tft.parameters() if p.requires_grad)
     return {"samples_per_s": steps * batch / s, "step_ms": s / steps * 1e3, "params": params,
             "precision": str(precision), "workers": workers, "rows": n}  # fmt: skip
