@@ -336,12 +336,9 @@ def _save_atomic(obj, path: Path) -> None:
 
 
 def save_checkpoint(
-    main: bool, agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
+    agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
 ) -> None:
-    """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON).
-    Written by rank 0 alone (`main`): the ranks' weights are the same."""
-    if not main:
-        return
+    """Best-epoch weights and normalisation statistics (safetensors); config, metrics (JSON)."""
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
@@ -538,6 +535,9 @@ def _train_folds(
     ppy = periods_per_year(cache.timestamps)
     resume_path = run_dir / distributed.resume_name()
     main = distributed.is_main()
+    # The task whichever folds this call trains: a pipeline that trains each fold as a task of
+    # its own gives the report pieces of one task to put back together.
+    task_digest = dataclasses.replace(cfg, fold_ids=()).digest(doc)
     log.info(
         "uploaded %d bars (%.0f MB) to %s in %.1f ms",
         data.n,
@@ -593,7 +593,7 @@ def _train_folds(
         "foxhunt_version": __version__,
         "foxhunt_run_id": run_id,
         "code_version": code_version(),
-        "task_digest": dataclasses.replace(cfg, fold_ids=()).digest(doc),
+        "task_digest": task_digest,
         **(
             {"git_commit": os.environ["FOXHUNT_GIT_COMMIT"]}
             if "FOXHUNT_GIT_COMMIT" in os.environ
@@ -691,14 +691,14 @@ def _train_folds(
             if val["sharpe"] > best["sharpe"]:
                 best = {"sharpe": val["sharpe"], "epoch": epoch, "val": val}
                 best_weights = {n: v.detach().clone() for n, v in agent.weights().items()}
-                save_checkpoint(
-                    main,
-                    agent,
-                    data,
-                    cfg,
-                    run_dir / f"fold-{k}" / "best.safetensors",
-                    {"fold": fold, "epoch": epoch, "val": val},
-                )
+                if main:  # rank 0 alone writes: the ranks' weights are the same
+                    save_checkpoint(
+                        agent,
+                        data,
+                        cfg,
+                        run_dir / f"fold-{k}" / "best.safetensors",
+                        {"fold": fold, "epoch": epoch, "val": val},
+                    )
             logger.log_metrics(metrics, step=epoch)
             progress.epoch_done(metrics["time/epoch_s"])
             log.info(
@@ -842,9 +842,7 @@ def _train_folds(
         "code_version": code_version(),
         "run_dir": str(run_dir.resolve()),
         "config_digest": digest,
-        # The task whichever folds this call trained: a pipeline that trains each fold as a
-        # task of its own gives the report pieces of one task to put back together.
-        "task_digest": dataclasses.replace(cfg, fold_ids=()).digest(doc),
+        "task_digest": task_digest,
         "seed": cfg.seed,
         "model": cfg.model,
         "periods_per_year": ppy,
