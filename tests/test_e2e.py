@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+import warnings
 from pathlib import Path
 
 import pytest
@@ -71,6 +72,13 @@ def mlflow_server(tmp_path_factory):
     log.close()
 
 
+def excerpt(log: str, marker: str, before: int = 25, after: int = 5) -> str:
+    """The log's lines around the first `marker` (or its end): what a failure message shows."""
+    rows = log.splitlines()
+    at = next((i for i, r in enumerate(rows) if marker in r), len(rows))
+    return "\n".join(rows[max(0, at - before) : at + after])
+
+
 def run_pipeline(raw: Path, work: Path, tracking: str, cwd: Path, **change) -> str:
     params = [
         f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in (TINY | change).items()
@@ -105,13 +113,22 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     client = mlflow.MlflowClient(mlflow_server)
     exp = client.get_experiment_by_name("foxhunt")
     runs = client.search_runs([exp.experiment_id])
-    by_id = {r.info.run_id: r for r in runs}
     (parent,) = [r for r in runs if r.data.tags.get("foxhunt.level") == "pipeline"]
     tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+    # A task that failed is retried (set_retry; KFP's local runner honours it too): a retry
+    # continues the task's runs from its resume file, and an attempt that failed before its
+    # first resume file leaves its runs FAILED beside the retry's. Such a retry is legitimate
+    # but says something went wrong: it is reported with the attempt's error.
+    failed = [t for t in tasks if t.info.status == "FAILED"]
+    if failed:
+        assert "Retrying in" in log1, [t.info for t in failed]
+        warnings.warn("a task was retried:\n" + excerpt(log1, "Retrying in"), stacklevel=1)
+    tasks = [t for t in tasks if t.info.status != "FAILED"]
     folds = [
         r for r in runs if r.data.tags.get("mlflow.parentRunId") in {t.info.run_id for t in tasks}
     ]
-    assert len(tasks) == 2 and len(folds) == 4 and len(by_id) == 7
+    assert len(tasks) == 2, ([t.info for t in tasks], excerpt(log1, "Retrying in"))
+    assert len(folds) == 4
     # The parent: one per pipeline run, tagged, carrying the aggregate and the report.
     tags = parent.data.tags
     assert tags["kfp_run_id"] and tags["git_commit"] and tags["fxcache_key"]
@@ -162,7 +179,8 @@ def test_train_baseline_local_run_tracked_to_an_mlflow_server(demo_es, mlflow_se
     assert len(parents) == 2 and len({p.data.tags["kfp_run_id"] for p in parents}) == 2
     assert sorted(p.data.tags["model"] for p in parents) == ["dqn", "ppo"]
     for p in parents:
-        tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id]
+        tasks = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == p.info.run_id
+                 and r.info.status != "FAILED"]  # fmt: skip
         per_seed = 2 if p.data.params["fold_tasks"] == "True" else 1  # the demo's 2 folds
         assert len(tasks) == len(json.loads(p.data.params["seeds"])) * per_seed
         assert all(t.data.tags["foxhunt_run_id"] for t in tasks)

@@ -289,6 +289,42 @@ def test_mlflow_layout(demo_es, tmp_path):
         assert inp.dataset.name.startswith("fxcache ES 1m ")
 
 
+def test_a_task_that_loses_the_dataset_race_logs_its_dataset(tmp_path, monkeypatch):
+    """Two tasks side by side (the pipeline's seeds) log the same fxcache dataset at once;
+    MLflow's store checks for it and then inserts it, so the loser's insert breaks the unique
+    constraint. Played here against a real store: the other task's insert lands between this
+    task's check and its insert. The task logs its dataset all the same, and the store keeps
+    one dataset for both runs."""
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    a, b = MlflowLogger("race", tracking_uri=uri), MlflowLogger("race", tracking_uri=uri)
+    d = {"name": "fxcache ES 1m", "digest": "0" * 36, "source": {}, "schema": {},
+         "profile": {}}  # fmt: skip
+    run_a, run_b = a.start_task("a", {}, {}), b.start_task("b", {}, {})
+    from mlflow.store.tracking.dbmodels.models import SqlDataset
+
+    real, raced = SqlAlchemyStore._log_inputs_impl, []
+
+    def lose_the_race(self, experiment_id, run_id, *args, **kwargs):
+        if raced:
+            return real(self, experiment_id, run_id, *args, **kwargs)
+        raced.append(run_id)
+        real(self, experiment_id, run_a, *args, **kwargs)  # the other task, first
+        with self.ManagedSessionMaker() as session:  # this task's insert, after its check
+            session.add(SqlDataset(dataset_uuid="f" * 32, experiment_id=int(experiment_id),
+                                   name=d["name"], digest=d["digest"],
+                                   dataset_source_type="fxcache", dataset_source="{}"))  # fmt: skip
+
+    monkeypatch.setattr(SqlAlchemyStore, "_log_inputs_impl", lose_the_race)
+    b._log_dataset(run_b, d)
+    assert raced == [run_b]
+    client = mlflow.MlflowClient(uri)
+    (inp,) = client.get_run(run_b).inputs.dataset_inputs
+    assert inp.dataset.digest == d["digest"]
+
+
 def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):
     """SIGTERM (Kubernetes stopping the pod) mid-training: the CLI exits 143 and the task's
     MLflow runs end KILLED; a task that fails ends its runs FAILED. None stays RUNNING."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -207,11 +208,18 @@ class MlflowLogger:
         file can outlive a tracking store, or come from another one)."""
         if not run_id:
             return False
+        from mlflow.exceptions import MlflowException
+
         try:
             self.client.get_run(run_id)
             return True
-        except Exception:  # MlflowException / RestException: not in this store
-            return False
+        except MlflowException as e:
+            # Absent from this store: a new run. Anything else (the server unreachable, a 5xx
+            # after the client's own retries) is raised, so that a retry never forks a run
+            # it could have continued.
+            if e.error_code in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+                return False
+            raise
 
     def start_task(self, name, params, tags, resume_id=None, dataset=None) -> str:
         if self._exists(resume_id):
@@ -238,7 +246,21 @@ class MlflowLogger:
             profile=json.dumps(d["profile"]),
         )  # fmt: skip
         tags = [InputTag(key="mlflow.data.context", value="training")]
-        self.client.log_inputs(run_id, datasets=[DatasetInput(dataset=ds, tags=tags)])
+        inputs = [DatasetInput(dataset=ds, tags=tags)]
+        # Tasks running side by side (seeds, folds) log the same dataset at once, and MLflow's
+        # store checks for the dataset and then inserts it: the task that loses the race gets
+        # a unique-constraint error. The dataset then exists, and the call is idempotent: log
+        # again (a failed task would otherwise retry from the start).
+        from mlflow.exceptions import MlflowException
+
+        for attempt in range(3):
+            try:
+                self.client.log_inputs(run_id, datasets=inputs)
+                return
+            except MlflowException:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5 * (attempt + 1))
 
     def start_fold(self, fold, tags, resume_id=None, name=None, params=None, dataset=None) -> str:
         if self._exists(resume_id):
