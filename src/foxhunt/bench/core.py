@@ -319,6 +319,8 @@ def run_bench(cfg: BenchConfig) -> dict:
             w["batch_finder"] = find_batch(cfg, m, sets[m], device)
         report["workloads"][m] = w
         print(row(m, w), flush=True)
+        # What is measured so far, kept if the run is stopped (the full report follows).
+        write_json_atomic(cfg.out / "report.partial.json", report)
     timed = {m: w for m, w in report["workloads"].items() if w["status"] == "ok"}
     if timed:
         report["decision"] = decide({m: w["epoch_s"]["median"] for m, w in timed.items()},
@@ -337,6 +339,7 @@ def run_bench(cfg: BenchConfig) -> dict:
                           "p": cfg.gate_p, "failures": failures}  # fmt: skip
     write_json_atomic(cfg.out / "report.json", report)
     write_text_atomic(cfg.out / "report.md", markdown(report))
+    (cfg.out / "report.partial.json").unlink(missing_ok=True)
     if cfg.tracking == "mlflow":
         log_mlflow(report)
     return report
