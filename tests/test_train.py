@@ -289,6 +289,25 @@ def test_mlflow_layout(demo_es, tmp_path):
         assert inp.dataset.name.startswith("fxcache ES 1m ")
 
 
+def test_a_task_that_loses_the_race_to_create_the_experiment_uses_it(tmp_path, monkeypatch):
+    """Two tasks on a new store: both look for the experiment and find none; the other
+    creates it first. This one uses it instead of failing."""
+    mlflow = pytest.importorskip("mlflow")
+    from foxhunt.train.tracking import client_and_experiment
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    other = mlflow.MlflowClient(uri).create_experiment("foxhunt")
+    real, looked = mlflow.MlflowClient.get_experiment_by_name, []
+
+    def before_the_other_created_it(self, name):
+        looked.append(name)
+        return None if len(looked) == 1 else real(self, name)
+
+    monkeypatch.setattr(mlflow.MlflowClient, "get_experiment_by_name", before_the_other_created_it)
+    assert client_and_experiment("foxhunt", uri)[1] == other
+    assert len(looked) == 2
+
+
 def test_a_task_that_loses_the_dataset_race_logs_its_dataset(tmp_path, monkeypatch):
     """Two tasks side by side (the pipeline's seeds) log the same fxcache dataset at once;
     MLflow's store checks for it and then inserts it, so the loser's insert breaks the unique

@@ -106,7 +106,13 @@ def client_and_experiment(experiment: str, tracking_uri: str | None = None):
     client = mlflow.MlflowClient(tracking_uri or default_tracking_uri())
     exp = client.get_experiment_by_name(experiment)
     if exp is None:
-        return client, client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+        try:
+            return client, client.create_experiment(experiment, tags=EXPERIMENT_KIND)
+        except mlflow.exceptions.MlflowException:
+            # Another task created it since (tasks side by side on a new store).
+            exp = client.get_experiment_by_name(experiment)
+            if exp is None:
+                raise
     if "mlflow.experimentKind" not in exp.tags:
         for k, v in EXPERIMENT_KIND.items():
             client.set_experiment_tag(exp.experiment_id, k, v)
