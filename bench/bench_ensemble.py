@@ -1,5 +1,7 @@
-"""The ensemble's inference latency: every member predicting a range in parallel (vmap over the
-seeds of an architecture, CUDA streams across architectures) against one member after another.
+"""The ensemble's inference latency: every member predicting a range one after another, eager
+(the reference), then each member's forward captured as a CUDA graph, one after another and on
+a CUDA stream each (`--modes`; `auto` is vmap over an architecture's seeds with streams across
+architectures).
 
     python3 bench/bench_ensemble.py                  on a CUDA device (goal: >= 3x for 8 models)
     python3 bench/bench_ensemble.py --cpu-smoke      tiny sizes on the CPU: checks the script runs
@@ -8,8 +10,9 @@ Members: TLOB, CfC, Mamba-2 and TFT at their GPU defaults, `--seeds` each (2: 8 
 standard workload's 2,000,000 bars (foxhunt.bench.workload.standard_market); the range is
 `--bars` bars of val (100,000), predicted in pieces of 2,048 windows of 128 bars. Untrained
 weights: the latency does not depend on them. Each mode: one warm-up, then the median of
-`--repeats`; the two modes give the same probabilities (checked). Prints a table; JSON to $OUT
-or /tmp.
+`--repeats`; every mode's probabilities are compared with the first's (a mode without
+`+graph` after one with it would replay the graphs too: list the eager ones first). Prints a
+table; JSON to $OUT or /tmp.
 """
 
 from __future__ import annotations
@@ -42,8 +45,17 @@ def main() -> None:
     ap.add_argument("--bars", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--members", default="tlob,cfc,mamba2,tft")
+    ap.add_argument(
+        "--modes",
+        default=None,
+        help="the forms timed, the first the reference: `parallel` values of EnsembleConfig, "
+        "`+graph` for the members' captured forwards (default on a GPU: sequential, "
+        "sequential+graph, streams+graph; --cpu-smoke: sequential, vmap)",
+    )
     args = ap.parse_args()
     smoke = args.cpu_smoke
+    args.modes = args.modes or ("sequential,vmap" if smoke else
+                                "sequential,sequential+graph,streams+graph")  # fmt: skip
     dev = torch.device("cpu" if smoke else "cuda")
     n = 20_000 if smoke else 2_000_000
     t_start = time.perf_counter()
@@ -65,9 +77,13 @@ def main() -> None:
     res: dict = {"device": name, "torch": torch.__version__, "members": len(agent.members),
                  "bars": hi - lo}  # fmt: skip
     out = {}
-    modes = ("sequential", "vmap") if smoke else ("sequential", "auto")
+    modes = args.modes.split(",")
     for mode in modes:
-        agent.cfg = dataclasses.replace(agent.cfg, parallel=mode)
+        parallel, _, captured = mode.partition("+")
+        if captured and not any("predict" in m.graphs for m in agent.members):
+            for m in agent.members:  # each member's forward over a piece, as a CUDA graph
+                m.capture_predict()
+        agent.cfg = dataclasses.replace(agent.cfg, parallel=parallel)
         agent.member_predictions(lo, hi)  # warm-up
         times = []
         for _ in range(1 if smoke else args.repeats):
@@ -78,15 +94,14 @@ def main() -> None:
             times.append(time.perf_counter() - t0)
         res[mode] = {"median_s": statistics.median(times), "runs_s": times}
         runs = ", ".join(f"{t * 1e3:.1f}" for t in times)
-        print(f"{mode:10s} {len(agent.members)} models, {hi - lo:,} bars: "
+        print(f"{mode:20s} {len(agent.members)} models, {hi - lo:,} bars: "
               f"{statistics.median(times) * 1e3:8.1f} ms (runs {runs})", flush=True)  # fmt: skip
-    a, b = (out[m] for m in modes)
-    res["max_prob_diff"] = float((a - b).abs().max())
-    res["speedup"] = res[modes[0]]["median_s"] / res[modes[1]]["median_s"]
-    print(
-        f"parallel / sequential: {res['speedup']:.2f}x faster; same probabilities within "
-        f"{res['max_prob_diff']:.2g}"
-    )
+    first = modes[0]
+    for m in modes[1:]:
+        res[m]["max_prob_diff"] = float((out[m] - out[first]).abs().max())
+        res[m]["speedup"] = res[first]["median_s"] / res[m]["median_s"]
+        print(f"{m} against {first}: {res[m]['speedup']:.2f}x faster; the same probabilities "
+              f"within {res[m]['max_prob_diff']:.2g}")  # fmt: skip
     path = Path(os.environ.get("OUT", "/tmp")) / "bench_ensemble.json"
     path.write_text(json.dumps(res, indent=2))
     print(f"results in {path}")

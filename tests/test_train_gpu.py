@@ -158,6 +158,47 @@ def test_supervised_captured_step_gives_the_eager_numbers(model, precision):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tlob", "cfc", "mamba2", "tft"])
+def test_captured_prediction_gives_the_eager_outputs(model):
+    """Evaluation's forward as a CUDA graph, replayed per piece of PREDICT_BATCH windows (the
+    last one padded): the eager forward's outputs bit for bit, bf16 autocast, over two and a
+    half pieces, and again after the weights change in place (the graph reads them live)."""
+    from foxhunt.train.agents.supervised import PREDICT_BATCH, SupervisedAgent
+    from foxhunt.train.models.cfc import CfCConfig
+    from foxhunt.train.models.mamba2 import Mamba2Config
+    from foxhunt.train.models.tft import TFTConfig
+    from foxhunt.train.models.tlob import TLOBConfig
+
+    small = dict(window=32, batch_size=256, steps=2, capture="eager", precision="bf16")
+    cfg = {"tlob": lambda: TLOBConfig(hidden=64, layers=2, **small),
+           "cfc": lambda: CfCConfig(**small),
+           "mamba2": lambda: Mamba2Config(d_model=64, headdim=32, d_state=16, chunk=16, **small),
+           "tft": lambda: TFTConfig(hidden=64, heads=4, **small)}[model]()  # fmt: skip
+    agent = SupervisedAgent(cfg, EnvConfig(), gpu_data(), seed=7)
+    agent.reset_fold(1000, 12000, seed=3)
+    lo, hi = 12000, 12000 + 2 * PREDICT_BATCH + 500
+
+    def predict():
+        outs = []
+        with agent._evaluating():
+            for a in range(lo, hi, PREDICT_BATCH):
+                t = torch.arange(a, min(a + PREDICT_BATCH, hi), device="cuda")
+                outs.append(agent.forward_bars(t).clone())
+        return torch.cat(outs)
+
+    eager = predict()
+    agent.capture_predict()
+    assert "predict" in agent.graphs
+    assert torch.equal(predict(), eager)
+    with torch.no_grad():  # in place, as the optimiser and load_weights change them
+        for p in agent.net.parameters():
+            p.mul_(0.5)
+    captured = predict()
+    agent.graphs.pop("predict")
+    assert torch.equal(captured, predict()) and not torch.equal(captured, eager)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("model", ["tlob", "cfc"])
 def test_supervised_compiled_and_captured_step_matches_eager_within_float_tolerance(model):
     """The GPU default (compiled loss inside the graph): three steps (the first at the warm-up's

@@ -18,7 +18,10 @@ Training. AdamW on one flat parameter buffer; a learning rate held as a device t
 up linearly over the first `warmup` of the fold's steps, then cosine towards 0 (never 0 itself:
 `step_lr_factor`); cross-entropy in
 float32 on bf16 autocast logits; the global gradient norm clipped, the norm before clipping
-logged; minibatches shuffled on the device. On a GPU the training step is one CUDA graph.
+logged; minibatches shuffled on the device. On a GPU the training step is one CUDA graph, and
+so is the network's forward over a piece of `PREDICT_BATCH` windows that evaluation replays
+(the last piece of a range padded with its last bar): an eager forward of these narrow models
+is hundreds of small kernels, bound by their launches.
 
 A regression target is an option (`target = "return"`): the network forecasts quantiles of
 r_h (scaled by its standard deviation on the train samples) under the pinball loss; read as a
@@ -51,6 +54,7 @@ from foxhunt.train.agents.common import (
     Capture,
     Precision,
     autocast,
+    capture_graphs,
     capture_restoring,
     clip_and_step,
     copy_state,
@@ -114,7 +118,7 @@ class SupervisedConfig:
     precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA)."""
     capture: Capture = "auto"
-    """A CUDA graph for the training step (auto: on CUDA)."""
+    """CUDA graphs for the training step and for prediction (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss (default: on with graphs)."""
 
@@ -449,14 +453,28 @@ class SupervisedAgent:
             self._predict(lo, hi)
 
     def _predict(self, lo: int, hi: int) -> None:
-        cfg = self.cfg
         for a in range(lo, hi, PREDICT_BATCH):
             t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
-            with self._autocast():
-                out = self.net(windows(self.data, t, cfg.window)).float()
-            cls, p = self._classes(out)
+            cls, p = self._classes(self.forward_bars(t))
             self.pred[t] = cls
-            self.size[t] = forecast_size(p, cfg.sizing)
+            self.size[t] = forecast_size(p, self.cfg.sizing)
+
+    def forward_bars(self, t: torch.Tensor) -> torch.Tensor:
+        """The network's outputs (float32) for the windows ending at bars `t` (at most
+        PREDICT_BATCH of them), in evaluation mode (`_evaluating`). With the prediction graph
+        (`capture_predict`), a replay over the static piece: the result is a view of its output,
+        valid until the next call. On a GPU a short piece is padded either way, so that eager
+        and captured predictions run the same kernels and agree bit for bit."""
+        n, g = len(t), self.graphs.get("predict")
+        if g is not None:
+            self.predict_t[:n] = t
+            self.predict_t[n:] = t[-1]  # padding: its rows are computed and dropped
+            g.replay()
+            return self.predict_out[:n]
+        if self.device.type == "cuda" and n < PREDICT_BATCH:  # the graph's shapes, eager
+            t = torch.cat([t, t[-1:].expand(PREDICT_BATCH - n)])
+        with self._autocast():
+            return self.net(windows(self.data, t, self.cfg.window)).float()[:n]
 
     def extra_metrics(self, lo: int, hi: int) -> dict[str, float]:
         """Classification metrics of the range's samples (after `prepare_eval`)."""
@@ -509,6 +527,20 @@ class SupervisedAgent:
                 self._step()
 
         self.graphs.update(capture_restoring(self, warmup, {"step": self._step}))
+        self.capture_predict()
+
+    def capture_predict(self) -> None:
+        """The forward over one piece of PREDICT_BATCH windows as a CUDA graph, on a static
+        tensor of bar indices. It reads the weights and the normalised data in place, so the
+        graph serves every epoch and fold; evaluation changes no state, so nothing is restored."""
+        t = self.predict_t = torch.zeros(PREDICT_BATCH, dtype=torch.long, device=self.device)
+
+        def forward():
+            with self._autocast():
+                self.predict_out = self.net(windows(self.data, t, self.cfg.window)).float()
+
+        with self._evaluating():
+            self.graphs.update(capture_graphs(self.device, forward, {"predict": forward}))
 
     # ------------------------------------------------------------------ state
     def _state_tensors(self) -> dict[str, torch.Tensor]:

@@ -14,8 +14,9 @@ of one architecture as one batched call (`torch.func.stack_module_state` + `vmap
 stacked weights; TFT's LSTM has no vmap rule, so its seeds run one by one), and the
 architectures on CUDA streams of their own so that their kernels overlap. On the H200 that was
 slower than one after another (the eager forwards are bound by kernel launches, and vmap falls
-back to a loop for attention and RMSNorm); bench/bench_ensemble.py measures the two against
-each other.
+back to a loop for attention and RMSNorm). `parallel="streams"` puts each member on a CUDA
+stream of its own, each replaying its captured forward (a member's `capture` captures its
+prediction too); bench/bench_ensemble.py measures the forms against each other.
 
 Combination rules (`rule`):
 
@@ -73,12 +74,14 @@ class EnsembleConfig:
     """Members of each model, each with a seed of its own."""
     rule: Rule = "mean"
     """mean of probabilities, majority vote, or weights fitted on val (weighted)."""
-    parallel: Literal["auto", "vmap", "sequential"] = "sequential"
+    parallel: Literal["auto", "vmap", "streams", "sequential"] = "sequential"
     """sequential: members predict one after another; auto: on a GPU in parallel (vmap over the
     seeds of an architecture, CUDA streams across architectures), on a CPU one after another;
-    vmap: vmap over seeds on any device. Sequential is the default because it was the faster on
-    the H200 (8 members, 100k bars: 18.3 s; auto did not finish warm-up and three runs in 150 s,
-    bench/bench_ensemble.py, 2026-12-02)."""
+    vmap: vmap over seeds on any device; streams: on a GPU every member on a CUDA stream of its
+    own (its captured forward where it has one), on a CPU one after another. Sequential is the
+    default because it was the faster on the H200 (8 members, 100k bars: 18.3 s eager; auto did
+    not finish warm-up and three runs in 150 s, bench/bench_ensemble.py, 2026-12-02); the
+    captured forms are not yet measured there."""
     flat: Literal["hold", "flat"] = "hold"
     """What a flat combined prediction does: keep the position held, or close it."""
     sizing: Literal["full", "confidence"] = "full"
@@ -278,8 +281,11 @@ class EnsembleAgent:
                 self._predict_group(g, lo, hi, out)
             return
         main = torch.cuda.current_stream(self.device)
-        streams = [torch.cuda.Stream(self.device) for _ in self.groups]
-        for g, s in zip(self.groups, streams, strict=True):
+        groups = self.groups
+        if self.cfg.parallel == "streams":
+            groups = [[i] for i in range(len(self.members))]
+        streams = [torch.cuda.Stream(self.device) for _ in groups]
+        for g, s in zip(groups, streams, strict=True):
             s.wait_stream(main)
             with torch.cuda.stream(s):
                 self._predict_group(g, lo, hi, out)
@@ -304,12 +310,11 @@ class EnsembleAgent:
             run = torch.vmap(one, in_dims=(0, 0, None))
         for a in range(lo, hi, PREDICT_BATCH):
             t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
-            x = windows(self.data, t, first.cfg.window)
-            with first._autocast():
-                if batched:
-                    outs = run(params, buffers, x).float()
-                else:
-                    outs = [self.members[i].net(x).float() for i in group]
+            if batched:
+                with first._autocast():
+                    outs = run(params, buffers, windows(self.data, t, first.cfg.window)).float()
+            else:  # each member's own forward (its captured graph on a GPU)
+                outs = [self.members[i].forward_bars(t) for i in group]
             for j, i in enumerate(group):
                 out[i, a - lo : a - lo + len(t)] = member_probs(self.members[i], outs[j])
 
