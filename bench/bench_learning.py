@@ -193,16 +193,20 @@ def main() -> None:
     s_of = pressure_by_timestamp(args.data / "raw", "ES")
     pressure = np.array([s_of.get(int(ts), np.nan) for ts in cache.timestamps])
     if args.sizes == "demo":
-        env0, epochs, segments = demo.ENV, demo.EPOCHS, demo.EVAL_SEGMENTS
+        env0, segments = demo.ENV, demo.EVAL_SEGMENTS
+        epochs_of = {m: demo.epochs(m) for m in models}
     else:
-        env0, epochs, segments = EnvConfig(), 10, None
+        env0, segments = EnvConfig(), None
+        epochs_of = dict.fromkeys(models, 10)
     env0, model_sets = env_sets(env0, args.set)
     cfgs = model_configs(args.sizes, model_sets)
-    epochs = args.epochs or epochs
+    if args.epochs:
+        epochs_of = dict.fromkeys(models, args.epochs)
+    epochs = ", ".join(f"{m} {e}" for m, e in epochs_of.items())
     threads = 1 if args.jobs > 1 else 2
     print(f"ES demo cache {cache.key}: {len(cache)} bars, {len(doc['folds'])} folds; "
           f"{np.isfinite(pressure).mean():.1%} matched to synth's pressure; models {models} "
-          f"at {args.sizes} sizes {' '.join(args.set)}, {epochs} epochs, seeds {seeds}, device "
+          f"at {args.sizes} sizes {' '.join(args.set)}, epochs: {epochs}, seeds {seeds}, device "
           f"{device}" + (f", {threads} thread(s) a task" if device.type == "cpu" else ""),
           flush=True)  # fmt: skip
     jobs = []
@@ -210,7 +214,7 @@ def main() -> None:
         env = dataclasses.replace(env0, **COSTS[costs])
         for model in models:
             for seed in seeds:
-                cfg = dict(folds=folds_path, cache=args.data / "fxcache", epochs=epochs,
+                cfg = dict(folds=folds_path, cache=args.data / "fxcache", epochs=epochs_of[model],
                            seed=seed, device=args.device, tracking="none",
                            out=args.out / f"{model}-{costs}", resume=False,
                            eval_segments=segments, env=env, model=model, baselines=False,

@@ -24,10 +24,11 @@ from pathlib import Path
 BUILD = Path("build")
 
 
-def demo_params() -> dict:
+def demo_params(model: str = "dqn") -> dict:
     """make run's demo as pipeline parameters: foxhunt.train.demo's settings, each model's in
-    its own section of `overrides` (the train step reads the chosen model's), so that
-    `run-local train-baseline --demo model=ppo` trains PPO at its demo settings."""
+    its own section of `overrides` (the train step reads the chosen model's), and the epochs
+    of `model`, so that `run-local train-baseline --demo model=ppo` trains PPO at its demo
+    settings."""
     import dataclasses
 
     from foxhunt.train import demo
@@ -49,7 +50,7 @@ def demo_params() -> dict:
 
     e = demo.ENV
     return {
-        "epochs": demo.EPOCHS,
+        "epochs": demo.epochs(model),
         "seeds": [0],
         "fee_bps": e.fee_bps,
         "half_spread_bps": e.half_spread_bps,
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
         items = [*args.params, *extra, *split_params(args.params_text)]
         params = parse_params(items, args.pipeline)
         if args.cmd == "run-local":
-            run_local(args.pipeline, (demo_params() if args.demo else {}) | params, args.verbose)
+            demo = demo_params(str(params.get("model", "dqn"))) if args.demo else {}
+            run_local(args.pipeline, demo | params, args.verbose)
         else:
             run_id, version = submit(
                 args.pipeline, params, args.experiment, args.run_name, args.namespace,

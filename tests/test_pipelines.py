@@ -258,6 +258,14 @@ def test_run_local_takes_options_and_parameters_in_any_order(monkeypatch):
     assert main(["run-local", "train-baseline", "--demo", "epochs=3", "seeds=[1]"]) == 0
     assert seen["epochs"] == 3 and seen["seeds"] == [1] and "overrides" in seen
     assert main(["run-local", "train-baseline", "--verbose", "epochs=2"]) == 0 and seen["v"]
+    # The demo's epochs are the chosen model's (foxhunt.train.demo), unless given.
+    from foxhunt.train import demo
+
+    assert main(["run-local", "train-baseline", "--demo", "model=ppo"]) == 0
+    assert seen["epochs"] == demo.epochs("ppo") == 16
+    assert main(["run-local", "train-baseline", "--demo"]) == 0 and seen["epochs"] == demo.EPOCHS
+    assert main(["run-local", "train-baseline", "--demo", "model=dqn,ppo", "epochs=4"]) == 0
+    assert seen["epochs"] == 4 and demo.epochs("dqn,ppo") == 16
 
 
 def test_the_local_console_leaves_out_the_executor_json(capsys):

@@ -209,7 +209,7 @@ def test_it_learns_the_planted_signal(demo_es, tmp_path, model):
     seen in training or selection). docs/performance.md has the figures over seeds beside the
     baselines'; this is seed 0."""
     cfg = tiny_cfg(
-        demo_es, tmp_path, model=model, epochs=demo.EPOCHS, eval_segments=demo.EVAL_SEGMENTS,
+        demo_es, tmp_path, model=model, epochs=demo.epochs(model), eval_segments=demo.EVAL_SEGMENTS,
         env=demo.ENV, dqn=demo.DQN, ppo=demo.PPO, pqn=demo.PQN,
     )  # fmt: skip
     assert cfg.env.fee_bps > 0 and cfg.env.half_spread_bps > 0
