@@ -82,14 +82,15 @@ def main() -> None:
     n = 20_000 if args.cpu_smoke else 2_000_000
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_compile_cache.json"
     res = {}
-    work = Path(tempfile.mkdtemp())
-    market = work / "market.npz"  # what a task maps from its fxcache, made once
+    work = tempfile.TemporaryDirectory()  # the market (~0.5 GB at 2M bars), removed at exit
+    market = Path(work.name) / "market.npz"  # what a task maps from its fxcache, made once
     np.savez(market, **dict(zip(("feats", "ofi", "ohlc"), standard_market(n), strict=True)))
     for model in args.models.split(","):
         sets = {"compile": True}
         if args.cpu_smoke:
             sets |= {"tlob": {"window": 8, "hidden": 8, "layers": 1, "batch_size": 32,
-                              "steps": 2}}.get(model, {"envs": 64, "batch_size": 64})  # fmt: skip
+                              "steps": 2},
+                     "dqn": {"envs": 64, "batch_size": 64}}.get(model, {"envs": 64})  # fmt: skip
         with tempfile.TemporaryDirectory() as cache:
             row = {}
             for phase in ("cold", "warm"):
@@ -109,6 +110,7 @@ def main() -> None:
                 print(f"{model:6s} {phase}: {v['first_epoch_s']:5.1f} s ({parts}) "
                       f"{v['fxgraph']}", flush=True)  # fmt: skip
             out.write_text(json.dumps(res, indent=1))
+    work.cleanup()
     print(f"results in {out}")
 
 

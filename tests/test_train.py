@@ -315,6 +315,7 @@ def test_a_task_that_loses_the_dataset_race_logs_its_dataset(tmp_path, monkeypat
     task's check and its insert. The task logs its dataset all the same, and the store keeps
     one dataset for both runs."""
     mlflow = pytest.importorskip("mlflow")
+    from mlflow.store.tracking.dbmodels.models import SqlDataset
     from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -322,8 +323,6 @@ def test_a_task_that_loses_the_dataset_race_logs_its_dataset(tmp_path, monkeypat
     d = {"name": "fxcache ES 1m", "digest": "0" * 36, "source": {}, "schema": {},
          "profile": {}}  # fmt: skip
     run_a, run_b = a.start_task("a", {}, {}), b.start_task("b", {}, {})
-    from mlflow.store.tracking.dbmodels.models import SqlDataset
-
     real, raced = SqlAlchemyStore._log_inputs_impl, []
 
     def lose_the_race(self, experiment_id, run_id, *args, **kwargs):
@@ -340,8 +339,11 @@ def test_a_task_that_loses_the_dataset_race_logs_its_dataset(tmp_path, monkeypat
     b._log_dataset(run_b, d)
     assert raced == [run_b]
     client = mlflow.MlflowClient(uri)
-    (inp,) = client.get_run(run_b).inputs.dataset_inputs
-    assert inp.dataset.digest == d["digest"]
+    for run in (run_a, run_b):
+        (inp,) = client.get_run(run).inputs.dataset_inputs
+        assert inp.dataset.digest == d["digest"]
+    with SqlAlchemyStore(uri, str(tmp_path / "artifacts")).ManagedSessionMaker() as session:
+        assert session.query(SqlDataset).count() == 1
 
 
 def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):
