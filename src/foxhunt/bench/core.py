@@ -305,10 +305,15 @@ def run_bench(cfg: BenchConfig) -> dict:
         runs_a, runs_b = [], []
         for r in range(cfg.repeats):  # A and B interleaved: drifts hit both alike
             runs_a.append(run_one(_spec(cfg, m, sets[m], device, "a", r), cfg.in_process))
+            progress(m, "a", r, cfg.repeats, runs_a[-1])
             if variant is not None:
                 vb = {k: v for k, v in variant[m].items() if k in _known_fields(m)}
                 runs_b.append(run_one(_spec(cfg, m, sets[m] | vb, device, "b", r),
                                       cfg.in_process))  # fmt: skip
+                progress(m, "b", r, cfg.repeats, runs_b[-1])
+            # Each process as it ends, kept if the run is stopped before the workload's summary.
+            report["workloads"][m] = {"status": "running", "runs": runs_a, "runs_b": runs_b}
+            write_json_atomic(cfg.out / "report.partial.json", report)
         w = summarise_runs(runs_a)
         if variant is not None:
             wb = summarise_runs(runs_b)
@@ -347,6 +352,17 @@ def run_bench(cfg: BenchConfig) -> dict:
 
 def _ms(s: dict | None, key: str = "median") -> str:
     return f"{s[key] * 1e3:.1f}" if s else "-"
+
+
+def progress(model: str, label: str, r: int, repeats: int, run: dict) -> None:
+    """One line on stderr as each process ends: a long workload shows it is moving."""
+    if "error" in run:
+        what = f"error: {run['error'][:200]}"
+    else:
+        med = statistics.median(e["train_s"] for e in run["epochs"])
+        what = (f"median epoch {med * 1e3:.1f} ms, start {sum(run['start'].values()):.1f} s "
+                f"({', '.join(f'{k} {v:.1f}' for k, v in run['start'].items())})")  # fmt: skip
+    print(f"  {model} {label} {r + 1}/{repeats}: {what}", file=sys.stderr, flush=True)
 
 
 def row(model: str, w: dict) -> str:
