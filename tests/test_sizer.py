@@ -90,6 +90,24 @@ def test_device_size_probes_once_then_takes_the_cached_size(tmp_path, monkeypatc
     assert sizer.device_size("cuda", "m", {"a": 1}, None, 64, 128, cache).source == "probed"
 
 
+def test_what_the_task_holds_beside_the_step_comes_off_the_budget(tmp_path, monkeypatch):
+    """1 GiB free, half of it the budget, 1 MiB a sample: 512 fits alone; beside a prediction
+    graph holding 200 MiB (its peak measured once), 512 MiB does not fit the 312 MiB left and
+    256 is chosen, with the smaller budget recorded."""
+    # the fake measures a 'step' by what it returns: its peak in bytes
+    monkeypatch.setattr(sizer, "cuda_peak", lambda device, step: step)
+    monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 2**31))
+    cache = SizeCache(tmp_path / "sizes.json")
+    per_sample = lambda n: n * 2**20  # noqa: E731
+    alone = sizer.device_size("cuda", "m", {"a": 1}, per_sample, 64, 4096, cache)
+    assert (alone.size, alone.budget_bytes) == (512, 2**29)
+    held = []
+    beside = sizer.device_size("cuda", "m", {"a": 2}, per_sample, 64, 4096, cache,
+                               beside=lambda: held.append(1) or 200 * 2**20)  # fmt: skip
+    assert (beside.size, beside.budget_bytes, len(held)) == (256, 2**29 - 200 * 2**20, 1)
+
+
 def fake_agent_gpu(monkeypatch) -> list[int]:
     """agent_sizes on a 'GPU' whose probes are real (the agent built at the sizes and run, here
     on the CPU) but whose memory is faked: 1 MB per 64th of the defaults, 40.5 MB free (a 20 MB

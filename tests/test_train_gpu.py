@@ -256,3 +256,37 @@ def test_agent_sizes_from_the_device(tmp_path, monkeypatch):
     agent.collect()
     agent.learn()
     assert all(torch.isfinite(v).all() for v in agent.weights().values())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_ensemble_members_on_streams_give_the_sequential_probabilities():
+    """Every member's captured prediction replayed on a CUDA stream of its own: the eager
+    one-after-another probabilities bit for bit (each graph captured on its own stream, so
+    no two share cuBLAS's workspace; on one shared capture stream the H200 gave NaNs)."""
+    from foxhunt.train.agents.supervised import PREDICT_BATCH
+    from foxhunt.train.models.cfc import CfCConfig
+    from foxhunt.train.models.ensemble import EnsembleAgent, EnsembleConfig
+    from foxhunt.train.models.mamba2 import Mamba2Config
+    from foxhunt.train.models.tft import TFTConfig
+    from foxhunt.train.models.tlob import TLOBConfig
+
+    small = dict(window=32, batch_size=256, steps=2, capture="eager", precision="bf16")
+    cfg = EnsembleConfig(
+        members=("tlob", "cfc", "mamba2", "tft"), seeds=2, capture="eager",
+        tlob=TLOBConfig(hidden=64, layers=2, **small), cfc=CfCConfig(**small),
+        mamba2=Mamba2Config(d_model=64, headdim=32, d_state=16, chunk=16, **small),
+        tft=TFTConfig(hidden=64, heads=4, **small),
+    )  # fmt: skip
+    agent = EnsembleAgent(cfg, EnvConfig(), gpu_data(), seed=7)
+    agent.reset_fold(1000, 12000, seed=3)
+    lo, hi = 12000, 12000 + 2 * PREDICT_BATCH + 500
+    eager = agent.member_predictions(lo, hi)
+    for m in agent.members:
+        m.capture_predict()
+    for parallel in ("sequential", "streams"):
+        agent.cfg = dataclasses.replace(agent.cfg, parallel=parallel)
+        for _ in range(3):  # replays racing for a workspace would not agree every time
+            got = agent.member_predictions(lo, hi)
+            torch.cuda.synchronize()
+            assert torch.isfinite(got).all(), parallel
+            assert torch.equal(got, eager), parallel

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import torch
 
+from foxhunt.train.agents.common import capture_graphs
 from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
 
 # A policy maps (bars [K], portfolio [K, 4]) to branch actions [K, 3].
@@ -85,16 +86,10 @@ class Evaluator:
         return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
 
     def _capture(self, policy: Policy) -> torch.cuda.CUDAGraph:
-        s = torch.cuda.Stream(self.data.device)
-        s.wait_stream(torch.cuda.current_stream(self.data.device))
-        with torch.cuda.stream(s):
-            self._step(policy)  # warm-up (its effects are reset by the caller)
-        torch.cuda.current_stream(self.data.device).wait_stream(s)
-        g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
-            self._step(policy)
-        torch.cuda.synchronize(self.data.device)
-        return g
+        def step() -> None:
+            self._step(policy)  # the warm-up's effects are reset by the caller
+
+        return capture_graphs(self.data.device, step, {"step": step})["step"]
 
 
 def random_policy(generator: torch.Generator) -> Policy:

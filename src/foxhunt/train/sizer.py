@@ -145,16 +145,20 @@ def cache_key(device: torch.device, what: str, config: dict) -> str:
 
 
 def device_size(device: torch.device, what: str, config: dict, step: Callable[[int], None],
-                lo: int, hi: int, cache: SizeCache | None = None) -> Choice:  # fmt: skip
+                lo: int, hi: int, cache: SizeCache | None = None,
+                beside: Callable[[], None] | None = None) -> Choice:  # fmt: skip
     """The size for `what` at `config` on this GPU: from the cache, else the largest power of
-    two in [lo, hi] whose `step` fits in MARGIN of the free memory (then cached)."""
+    two in [lo, hi] whose `step` fits in MARGIN of the free memory (then cached). `beside`
+    runs what the task holds besides the step whatever the size (the supervised models'
+    prediction graph): its peak, measured once, comes off the budget."""
     cache = cache or SizeCache()
     key = cache_key(device, what, config)
     hit = cache.get(key)
     if hit is not None and lo <= hit <= hi:
         return Choice(hit, 0, 0, "cache")
     free, _ = torch.cuda.mem_get_info(device)
-    budget = int(free * MARGIN)
+    held = cuda_peak(device, lambda _: beside())(0) if beside is not None else 0
+    budget = int(free * MARGIN) - held
     size, peak = largest_fitting(cuda_peak(device, step), powers_of_two(lo, hi), budget)
     choice = Choice(size, peak, budget, "probed")
     log.info("%s: size %d from the device (peak %.2f GiB of a %.2f GiB budget)", what, size,

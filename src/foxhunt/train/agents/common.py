@@ -223,18 +223,29 @@ def capture_graphs(
     device: torch.device, warmup, blocks: dict[str, object]
 ) -> dict[str, torch.cuda.CUDAGraph]:
     """Run `warmup` on a side stream (allocations and autotuning happen there), then capture each
-    of `blocks` (name -> callable) as a CUDA graph sharing one memory pool."""
+    of `blocks` (name -> callable) as a CUDA graph sharing one memory pool, on that stream.
+
+    Two things the caller need not know about:
+    - The warm-up's cached memory goes back to the device before capturing: while a capture is
+      under way the allocator cannot free cached blocks to make room for the graph's pool, so a
+      step that takes half the GPU would find no room for its graph.
+    - Each call captures on a stream of its own (torch's pool of side streams, 32 of them, in
+      turn), not torch's one shared capture stream: cuBLAS keeps a workspace per (handle,
+      stream), and a graph bakes in the workspace of the stream it was captured on, so graphs
+      captured on one stream and replayed side by side (the ensemble's members on streams of
+      their own) would write the same workspace at once."""
     s = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):
         warmup()
     torch.cuda.current_stream(device).wait_stream(s)
     torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
     pool = torch.cuda.graph_pool_handle()
     graphs = {}
     for name, fn in blocks.items():
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g, pool=pool):
+        with torch.cuda.graph(g, pool=pool, stream=s):
             fn()
         graphs[name] = g
     torch.cuda.synchronize(device)

@@ -314,7 +314,10 @@ class SupervisedAgent:
     def _device_batch(self) -> Choice:
         """The batch from the device (foxhunt.train.sizer): a probe is a forward and backward
         pass on random windows, drawn from a generator of its own (the task's random stream
-        stays as it was)."""
+        stays as it was). The budget leaves room for the prediction graph, whose pool holds an
+        evaluation forward over PREDICT_BATCH windows for the task's life (TFT's takes ~20 GiB
+        at the GPU defaults, window 128: beside a step sized to the full budget, batch 4096 and
+        ~68 GiB, it ran out of the H200's memory)."""
         cfg, gen = self.cfg, torch.Generator(self.device).manual_seed(0)
 
         def probe(n: int) -> None:
@@ -327,9 +330,17 @@ class SupervisedAgent:
 
         training_only = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip",
                          "flat", "sizing")  # fmt: skip
+
+        def predict() -> None:
+            t = torch.randint(0, self.data.n, (PREDICT_BATCH,), device=self.device, generator=gen)
+            with self._evaluating(), self._autocast():
+                self.net(windows(self.data, t, cfg.window))
+
         what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in training_only}
+        what["predict_batch"] = PREDICT_BATCH  # sizes chosen without its room are not reused
         lo = min(256, cfg.max_batch)
-        return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch)
+        return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch,
+                           beside=predict)  # fmt: skip
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
