@@ -150,12 +150,42 @@ def restart(net: torch.nn.Module, init: dict[str, torch.Tensor], zero: list[torc
             v.zero_()
 
 
-def start_fold(data: MarketData, env, train_lo: int, train_hi: int, envs: int) -> None:
+def start_fold(
+    data: MarketData, env, train_lo: int, train_hi: int, envs: int, gen: torch.Generator
+) -> None:
     """A fold's normaliser fitted on its train range (only there: no look-ahead), and the envs
-    restarted at random bars of that range."""
+    restarted at random bars of that range (drawn from the agent's generator)."""
     data.fit_normaliser(train_lo, train_hi)
     env.set_range(train_lo, train_hi)
-    env.reset(torch.rand(envs, device=data.device))
+    env.reset(torch.rand(envs, device=data.device, generator=gen))
+
+
+class AgentState:
+    """An RL agent's snapshot, restore and resume check, from its `_state_tensors()` (every
+    tensor training changes, live) and `gen`, its own random generator: every draw of its
+    training comes from `gen` (seeded per fold), so agents trained side by side in one process
+    draw what each would alone, and a resumed agent draws on where it stopped."""
+
+    gen: torch.Generator
+
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        """Every tensor that training changes, copied, and the generator's state (for capture
+        and for resume files)."""
+        out = {k: v.detach().clone() for k, v in self._state_tensors().items()}
+        return out | {"rng": self.gen.get_state()}
+
+    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
+        """Why `saved` cannot be restored into this agent (another version's layout), or None."""
+        if "rng" not in saved:
+            return "it lacks rng"
+        return state_mismatch(self._state_tensors(), saved)
+
+    def restore(self, saved: dict[str, torch.Tensor]) -> None:
+        copy_state(self._state_tensors(), {k: v for k, v in saved.items() if k != "rng"})
+        self.gen.set_state(saved["rng"].cpu())
 
 
 def module_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -201,7 +231,8 @@ def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> 
 
 def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, torch.cuda.CUDAGraph]:
     """Capture an agent's blocks as CUDA graphs. The warm-up and capture runs change the state,
-    so the state (`agent.snapshot()`) and the CUDA RNG are saved before and restored after:
+    so the state (`agent.snapshot()`, with the agent's own generator where it has one) and the
+    CUDA RNG are saved before and restored after:
     training from here on equals eager training. An agent's envs need a valid range even before
     the first fold is set (it is restored afterwards too)."""
     dev = agent.device
@@ -213,14 +244,15 @@ def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, tor
     if env is not None:
         env.set_range(0, agent.data.n)
         env.reset(torch.rand(agent.cfg.envs, device=dev))
-    graphs = capture_graphs(dev, warmup, blocks)
+    gen = getattr(agent, "gen", None)
+    graphs = capture_graphs(dev, warmup, blocks, () if gen is None else (gen,))
     agent.restore(saved)
     torch.cuda.set_rng_state(rng, dev)
     return graphs
 
 
 def capture_graphs(
-    device: torch.device, warmup, blocks: dict[str, object]
+    device: torch.device, warmup, blocks: dict[str, object], generators=()
 ) -> dict[str, torch.cuda.CUDAGraph]:
     """Run `warmup` on a side stream (allocations and autotuning happen there), then capture each
     of `blocks` (name -> callable) as a CUDA graph sharing one memory pool, on that stream.
@@ -233,7 +265,11 @@ def capture_graphs(
       turn), not torch's one shared capture stream: cuBLAS keeps a workspace per (handle,
       stream), and a graph bakes in the workspace of the stream it was captured on, so graphs
       captured on one stream and replayed side by side (the ensemble's members on streams of
-      their own) would write the same workspace at once."""
+      their own) would write the same workspace at once.
+
+    `generators`: the blocks' own random generators besides torch's default (an agent's), each
+    registered with every graph so that a replay draws fresh numbers from it, as eager code
+    would."""
     s = torch.cuda.Stream(device)
     s.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(s):
@@ -245,6 +281,8 @@ def capture_graphs(
     graphs = {}
     for name, fn in blocks.items():
         g = torch.cuda.CUDAGraph()
+        for gen in generators:
+            g.register_generator_state(gen)
         with torch.cuda.graph(g, pool=pool, stream=s):
             fn()
         graphs[name] = g

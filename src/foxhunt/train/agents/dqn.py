@@ -48,13 +48,13 @@ from torch import nn
 from foxhunt.train.agents.common import (
     IN_DIM,
     STATE_DIM,
+    AgentState,
     Capture,
     Observation,
     Precision,
     autocast,
     capture_restoring,
     clip_and_step,
-    copy_state,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -62,7 +62,6 @@ from foxhunt.train.agents.common import (
     module_weights,
     resolve,
     run_state,
-    state_mismatch,
 )
 from foxhunt.train.agents.common import need as check
 from foxhunt.train.data import MarketData
@@ -241,13 +240,13 @@ class NoisyLinear(nn.Module):
         self.row_out: torch.Tensor | None = None
 
     @torch.no_grad()
-    def reset_noise(self) -> None:
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
         for e in (self.eps_in, self.eps_out):
-            e.normal_()
+            e.normal_(generator=generator)
             e.copy_(e.sign() * e.abs().sqrt())
 
     @torch.no_grad()
-    def reset_row_noise(self, rows: int) -> None:
+    def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
         """Draw an independent noise sample for each of `rows` inputs (forward with
         noise="rows"): the same buffers every call, so a captured graph can redraw them."""
         if self.row_in is None or self.row_in.shape[0] != rows:
@@ -255,7 +254,7 @@ class NoisyLinear(nn.Module):
             self.row_in = torch.zeros(rows, self.eps_in.numel(), device=dev)
             self.row_out = torch.zeros(rows, self.eps_out.numel(), device=dev)
         for e in (self.row_in, self.row_out):
-            e.normal_()
+            e.normal_(generator=generator)
             e.copy_(e.sign() * e.abs().sqrt())
 
     @property
@@ -309,13 +308,13 @@ class QNet(nn.Module):
     def noisy_layers(self) -> list[NoisyLinear]:
         return [m for m in self.modules() if isinstance(m, NoisyLinear)]
 
-    def reset_noise(self) -> None:
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
         for m in self.noisy_layers():
-            m.reset_noise()
+            m.reset_noise(generator)
 
-    def reset_row_noise(self, rows: int) -> None:
+    def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
         for m in self.noisy_layers():
-            m.reset_row_noise(rows)
+            m.reset_row_noise(rows, generator)
 
     def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
@@ -461,7 +460,7 @@ STATS = (
 )  # fmt: skip
 
 
-class RainbowAgent:
+class RainbowAgent(AgentState):
     """The trainer's state for one task: networks, optimiser, replay, env and captured graphs.
     Built once per task; `reset_fold` rewrites it in place for the next fold."""
 
@@ -469,7 +468,11 @@ class RainbowAgent:
         dev = data.device
         self.cfg = cfg = cfg.resolved(dev)
         self.data, self.device = data, dev
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the weights' initialisation
+        # Every draw of training (the envs' starts, exploration, noise, replay samples) comes
+        # from the agent's own generator, seeded per fold: agents trained side by side in one
+        # process draw what each would alone.
+        self.gen = torch.Generator(dev).manual_seed(seed)
         # Output widths padded inside the heads' matmuls on a GPU (see QNet._out).
         self.net = QNet(cfg, align=8 if dev.type == "cuda" else 1).to(dev)
         self.params = list(self.net.parameters())
@@ -528,7 +531,7 @@ class RainbowAgent:
     def _taus(self, n: int) -> torch.Tensor | None:
         if self.cfg.distribution != "iqn":
             return None
-        return torch.rand(n, self.cfg.iqn_quantiles, device=self.device)
+        return torch.rand(n, self.cfg.iqn_quantiles, device=self.device, generator=self.gen)
 
     def act_joint(self, state: torch.Tensor, noise: bool | str, net=None) -> torch.Tensor:
         """Greedy joint actions [B] (noise: sample the noisy layers' current noise)."""
@@ -566,7 +569,7 @@ class RainbowAgent:
         """Fresh weights, optimiser, replay and envs for a fold, all in place: a few batched
         (foreach) kernels, so that a fold transition costs about a millisecond on a GPU (and a
         derived support one pass over the train range)."""
-        torch.manual_seed(seed)
+        self.gen.manual_seed(seed)
         if self._reset_lists is None:
             self.ensure_optimizer_state()
             nets = [*self.net.state_dict().values(), *self.target.state_dict().values()]
@@ -586,7 +589,7 @@ class RainbowAgent:
             half = derived_support(r, self.cfg.gamma)
             self.z.copy_(torch.linspace(-half, half, self.cfg.atoms, device=self.device))
         self.env.set_range(train_lo, train_hi)
-        self.env.reset(torch.rand(self.cfg.envs, device=self.device))
+        self.env.reset(torch.rand(self.cfg.envs, device=self.device, generator=self.gen))
 
     # ------------------------------------------------------------------ collect
     def _collect_step(self, u: torch.Tensor) -> None:
@@ -595,10 +598,10 @@ class RainbowAgent:
         pstate = torch.stack([env.pos, env.entry, env.hold], 1)
         noise: bool | str = True
         if cfg.noisy and cfg.noise_per_env and cfg.distribution == "c51":
-            self.net.reset_row_noise(cfg.envs)
+            self.net.reset_row_noise(cfg.envs, self.gen)
             noise = "rows"
         elif cfg.noisy:
-            self.net.reset_noise()
+            self.net.reset_noise(self.gen)
         a = self.act_joint(self.state(t, env.portfolio()), noise=noise)
         if cfg.epsilon > 0:
             rnd = (u[:, 1] * len(JOINT)).long().clamp(max=len(JOINT) - 1)
@@ -627,7 +630,7 @@ class RainbowAgent:
             self._collect_step(self.u_collect[k])
 
     def collect(self) -> None:
-        self.u_collect.uniform_()
+        self.u_collect.uniform_(generator=self.gen)
         if "collect" in self.graphs:
             self.graphs["collect"].replay()
         else:
@@ -705,9 +708,10 @@ class RainbowAgent:
     def _learn_step(self) -> None:
         cfg = self.cfg
         if cfg.noisy:
-            self.net.reset_noise()
-            self.target.reset_noise()
-        idx, w = self.replay.sample(torch.rand(cfg.batch_size, device=self.device))
+            self.net.reset_noise(self.gen)
+            self.target.reset_noise(self.gen)
+        u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
+        idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
             p.grad = None
@@ -771,20 +775,6 @@ class RainbowAgent:
         self.graphs.update(capture_restoring(self, warmup, blocks))
 
     # ------------------------------------------------------------------ state
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        """Every tensor that training changes, copied (for capture and for resume files)."""
-        out = {}
-        for k, v in self._state_tensors().items():
-            out[k] = v.detach().clone()
-        return out
-
-    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
-        """Why `saved` cannot be restored into this agent (another version's layout), or None."""
-        return state_mismatch(self._state_tensors(), saved)
-
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        copy_state(self._state_tensors(), saved)
-
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         st = module_weights(self.net)
         st |= {f"target.{k}": v for k, v in self.target.state_dict().items()}

@@ -27,13 +27,13 @@ from torch import nn
 
 from foxhunt.train.agents.common import (
     IN_DIM,
+    AgentState,
     Capture,
     Observation,
     Precision,
     autocast,
     capture_restoring,
     clip_and_step,
-    copy_state,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -43,7 +43,6 @@ from foxhunt.train.agents.common import (
     restart,
     run_state,
     start_fold,
-    state_mismatch,
 )
 from foxhunt.train.agents.common import need as check
 from foxhunt.train.agents.rollout import ONPOLICY_SIZES, Rollout, lambda_returns
@@ -142,14 +141,16 @@ class QNet(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- agent
-class PQNAgent:
+class PQNAgent(AgentState):
     """The trainer's state for one task: Q-network, optimiser, rollout buffers, env, graphs."""
 
     def __init__(self, cfg: PQNConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         dev = data.device
         self.cfg = cfg = cfg.resolved(dev)
         self.data, self.device = data, dev
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # the weights' initialisation
+        # Every draw of training comes from the agent's own generator (AgentState).
+        self.gen = torch.Generator(dev).manual_seed(seed)
         self.net = QNet(cfg.hidden).to(dev)
         self.params = list(self.net.parameters())
         self.flat = flatten_into_views(self.params)
@@ -188,10 +189,10 @@ class PQNAgent:
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
-        torch.manual_seed(seed)
+        self.gen.manual_seed(seed)
         restart(self.net, self.init_state, [self.stats], self.opt)
         self.round = 0
-        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs)
+        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs, self.gen)
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         self.total_rounds = epochs * self.rounds
@@ -227,8 +228,8 @@ class PQNAgent:
 
     def collect(self) -> None:
         self._schedule()
-        self.roll.u.uniform_()
-        self.u_act.uniform_()
+        self.roll.u.uniform_(generator=self.gen)
+        self.u_act.uniform_(generator=self.gen)
         if "rollout" in self.graphs:
             self.graphs["rollout"].replay()
         else:
@@ -251,7 +252,7 @@ class PQNAgent:
         joint = (roll.act * self.joint_stride).sum(-1)
         data = [roll.flat(roll.bar), roll.flat(roll.port), roll.flat(joint), roll.flat(target)]
         for _ in range(cfg.update_epochs):
-            perm = torch.rand(self.n, device=self.device).argsort()
+            perm = torch.rand(self.n, device=self.device, generator=self.gen).argsort()
             for mb in range(cfg.minibatches):
                 idx = perm[mb * self.mb : (mb + 1) * self.mb]
                 for p in self.params:
@@ -320,15 +321,6 @@ class PQNAgent:
         st = module_weights(self.net) | run_state(self.env, self.opt, self.flat, self.data)
         st["lr"], st["eps"], st["stats"] = self.lr, self.eps, self.stats
         return st
-
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        return {k: v.detach().clone() for k, v in self._state_tensors().items()}
-
-    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
-        return state_mismatch(self._state_tensors(), saved)
-
-    def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        copy_state(self._state_tensors(), saved)
 
 
 # ---------------------------------------------------------------------------------- serving

@@ -1,0 +1,84 @@
+"""Several agents trained side by side in one process: seeds (or hyperparameter variants) of
+one model on one fold, over the one resident copy of the data.
+
+A `Cohort` drives its agents through the `Agent` interface (foxhunt.train.agents) as the
+training loop drives one: a fold, then per epoch each round's collection and learning. Each
+agent draws every random number of its training from its own generator (the RL agents'
+`AgentState`), so an agent in a cohort trains exactly as it would alone with the same seed
+(tests/test_cohort.py checks the statistics and weights bit for bit). On a GPU each agent's
+collection and learning run on a CUDA stream of its own: an agent's step is hundreds of small
+kernels that leave most of the SMs idle, and the streams let the other agents' kernels fill
+them. With captured graphs (each captured on a stream of its own, so that no two share
+cuBLAS's workspace: foxhunt.train.agents.common.capture_graphs) an agent's epoch is a few
+graph replays on its stream.
+
+The agents share the data and so its normaliser, which `reset_fold` fits on the fold's train
+range: a cohort trains one fold at a time (folds side by side would need a normaliser each).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class Cohort:
+    def __init__(self, agents: Sequence, streams: bool | None = None):
+        """`agents`: built over one `MarketData`, with the same number of rounds per epoch.
+        `streams`: each agent on a CUDA stream of its own (default: on a GPU)."""
+        if not agents:
+            raise ValueError("a cohort needs at least one agent")
+        data = agents[0].data
+        if any(a.data is not data for a in agents):
+            raise ValueError("a cohort's agents must share one MarketData (one resident copy)")
+        rounds = {a.rounds for a in agents}
+        if len(rounds) > 1:
+            raise ValueError(f"a cohort's agents must run the same rounds per epoch, not {rounds}")
+        self.agents = list(agents)
+        self.device = data.device
+        on_gpu = self.device.type == "cuda"
+        if streams and not on_gpu:
+            raise ValueError("streams = True needs a CUDA device")
+        use = on_gpu if streams is None else streams
+        self.streams = [torch.cuda.Stream(self.device) for _ in agents] if use else None
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    def capture(self) -> None:
+        for a in self.agents:
+            a.capture()
+
+    def reset_fold(self, train_lo: int, train_hi: int, seeds: Sequence[int]) -> None:
+        """Each agent's fold with its own seed (on the default stream: the shared normaliser
+        is refitted by each, to the same values)."""
+        if len(seeds) != len(self.agents):
+            raise ValueError(f"{len(seeds)} seeds for {len(self.agents)} agents")
+        for a, s in zip(self.agents, seeds, strict=True):
+            a.reset_fold(train_lo, train_hi, s)
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        for a in self.agents:
+            a.begin_epoch(epoch, epochs)
+
+    def train_epoch(self) -> None:
+        """One epoch of every agent: per round, each agent's collection then its learning."""
+        for _ in range(self.agents[0].rounds):
+            self._each(lambda a: (a.collect(), a.learn()))
+
+    def read_stats(self) -> list[dict[str, float]]:
+        return [a.read_stats() for a in self.agents]
+
+    def _each(self, fn: Callable) -> None:
+        if self.streams is None:
+            for a in self.agents:
+                fn(a)
+            return
+        main = torch.cuda.current_stream(self.device)
+        for a, s in zip(self.agents, self.streams, strict=True):
+            s.wait_stream(main)
+            with torch.cuda.stream(s):
+                fn(a)
+        for s in self.streams:
+            main.wait_stream(s)

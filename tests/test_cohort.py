@@ -1,0 +1,83 @@
+"""Agents trained side by side in one process (foxhunt.train.cohort): each trains exactly as it
+would alone with the same seed, because every draw comes from its own generator."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
+from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
+from foxhunt.train.cohort import Cohort
+from foxhunt.train.env import EnvConfig
+from marketdata import random_market
+
+SMALL_DQN = dict(envs=64, collect_steps=8, learn_steps=6, batch_size=32, replay_capacity=2048,
+                 hidden=(32, 32))  # fmt: skip
+MODELS = {
+    # epsilon-greedy (the default) and noisy nets drawn per env: every kind of draw
+    "dqn": (RainbowAgent, [DQNConfig(**SMALL_DQN),
+                           DQNConfig(**SMALL_DQN, noisy=True, epsilon=0.0, noise_per_env=True)]),
+    "dqn-iqn": (RainbowAgent, [DQNConfig(**SMALL_DQN, distribution="iqn"),
+                               DQNConfig(**SMALL_DQN, distribution="iqn", lr=3e-4)]),
+    "ppo": (PPOAgent, [PPOConfig(envs=64, rollout_steps=8, hidden=(32, 32))] * 2),
+    "pqn": (PQNAgent, [PQNConfig(envs=64, rollout_steps=8, hidden=(32, 32))] * 2),
+}  # fmt: skip
+FOLDS = [(100, 2000), (600, 2500)]
+SEEDS = [11, 12]
+
+
+def train_alone(cls, cfg, data, seed: int, fold_seeds: list[int]):
+    a = cls(cfg, EnvConfig(episode_bars=200), data, seed=seed)
+    stats = []
+    for (lo, hi), s in zip(FOLDS, fold_seeds, strict=True):
+        a.reset_fold(lo, hi, s)
+        for e in range(2):
+            a.begin_epoch(e, 2)
+            for _ in range(a.rounds):
+                a.collect()
+                a.learn()
+            stats.append(a.read_stats())
+    return stats, torch.cat([p.detach().flatten() for p in a.params])
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_agents_side_by_side_train_as_each_would_alone(model):
+    """Two agents (two seeds; for DQN also two configurations) in a cohort: each one's
+    statistics every epoch and its final weights equal training it alone, bit for bit."""
+    cls, cfgs = MODELS[model]
+    data = random_market(3000, 0)
+    cohort = Cohort([cls(c, EnvConfig(episode_bars=200), data, seed=s)
+                     for c, s in zip(cfgs, SEEDS, strict=True)])  # fmt: skip
+    together = [[] for _ in SEEDS]
+    for k, (lo, hi) in enumerate(FOLDS):
+        cohort.reset_fold(lo, hi, [s * 10 + k for s in SEEDS])
+        for e in range(2):
+            cohort.begin_epoch(e, 2)
+            cohort.train_epoch()
+            for i, st in enumerate(cohort.read_stats()):
+                together[i].append(st)
+    for i, (cfg, seed) in enumerate(zip(cfgs, SEEDS, strict=True)):
+        stats, params = train_alone(cls, cfg, data, seed, [seed * 10 + k for k in range(2)])
+        assert together[i] == stats, (model, i)
+        assert torch.equal(torch.cat([p.detach().flatten() for p in cohort.agents[i].params]),
+                           params)  # fmt: skip
+    # and the two agents did not train alike
+    assert together[0] != together[1]
+
+
+def test_a_cohort_refuses_what_it_cannot_train_together():
+    a = RainbowAgent(DQNConfig(**SMALL_DQN), EnvConfig(), random_market(3000, 0), seed=1)
+    b = RainbowAgent(DQNConfig(**SMALL_DQN), EnvConfig(), random_market(3000, 0), seed=2)
+    with pytest.raises(ValueError, match="one MarketData"):
+        Cohort([a, b])
+    with pytest.raises(ValueError, match="at least one agent"):
+        Cohort([])
+    with pytest.raises(ValueError, match="2 seeds for 1 agents"):
+        Cohort([a]).reset_fold(100, 2000, [1, 2])
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        Cohort([a], streams=True)
+    ppo = PPOAgent(PPOConfig(envs=64, rollout_steps=8, rounds=2), EnvConfig(), a.data, seed=3)
+    with pytest.raises(ValueError, match="same rounds"):
+        Cohort([a, ppo])
