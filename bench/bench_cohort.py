@@ -1,0 +1,110 @@
+"""Many agents on one GPU: the epoch of K agents trained side by side (foxhunt.train.cohort)
+against one agent's, on the standard workload (../shared/bench/README.md: 2,000,000 bars, the
+model's GPU defaults).
+
+    python3 bench/bench_cohort.py                   on a CUDA device (goal: 8 agents <= 2x one)
+    python3 bench/bench_cohort.py --cpu-smoke       tiny sizes on the CPU: checks the script runs
+
+Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
+agents each on a CUDA stream of its own (`streams`). Each: the agents built (seeds 0..K-1),
+captured as CUDA graphs (uncompiled by default: K compiled agents compile K times; `--compile`
+to include it), a fold reset, `--warmup` epochs, then the median of `--epochs` timed epochs
+(collection and learning of every agent; evaluation is not part of it, as in `foxhunt bench`'s
+train_s). Prints a table; JSON to $OUT or /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from foxhunt.bench.workload import model_config, standard_market
+from foxhunt.train.agents import AGENTS
+from foxhunt.train.cohort import Cohort
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig
+
+
+def sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def time_form(model: str, sets: dict, data: MarketData, k: int, streams: bool, args) -> dict:
+    dev = data.device
+    t0 = time.perf_counter()
+    agents = [AGENTS[model].load()[1](model_config(model, sets), EnvConfig(), data, seed=s)
+              for s in range(k)]  # fmt: skip
+    cohort = Cohort(agents, streams=streams)
+    if agents[0].cfg.capture == "graph":
+        cohort.capture()
+    train = (0, int(data.n * 0.6))
+    cohort.reset_fold(*train, list(range(1, k + 1)))
+    sync(dev)
+    setup = time.perf_counter() - t0
+    times = []
+    total = args.warmup + args.epochs
+    for e in range(total):
+        cohort.begin_epoch(e, total)
+        sync(dev)
+        t0 = time.perf_counter()
+        cohort.train_epoch()
+        sync(dev)
+        if e >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        cohort.read_stats()
+    del cohort, agents
+    if dev.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"median_s": statistics.median(times), "epochs_s": times, "setup_s": setup}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--model", default="dqn", choices=("dqn", "ppo", "pqn"))
+    ap.add_argument("--agents", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--compile", action="store_true")
+    args = ap.parse_args()
+    smoke = args.cpu_smoke
+    dev = torch.device("cpu" if smoke else "cuda")
+    n = 20_000 if smoke else 2_000_000
+    data = MarketData(*standard_market(n), dev)
+    sets: dict = {"compile": args.compile}
+    if smoke:
+        args.agents, args.warmup, args.epochs = 2, 0, 1
+        small = {"envs": 256, "collect_steps": 8, "learn_steps": 8, "batch_size": 64,
+                 "replay_capacity": 8192, "rollout_steps": 8}  # fmt: skip
+        known = {f for f in model_config(args.model, {}).__dataclass_fields__}
+        sets |= {k: v for k, v in small.items() if k in known}
+    forms = [("one agent", 1, False), (f"{args.agents} sequential", args.agents, False)]
+    if dev.type == "cuda":
+        forms.append((f"{args.agents} streams", args.agents, True))
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    res: dict = {"device": name, "torch": torch.__version__, "model": args.model,
+                 "compile": args.compile, "forms": {}}  # fmt: skip
+    for label, k, streams in forms:
+        r = time_form(args.model, sets, data, k, streams, args)
+        res["forms"][label] = r | {"agents": k}
+        one = res["forms"]["one agent"]["median_s"]
+        print(f"{label:14s} epoch {r['median_s'] * 1e3:8.1f} ms = {r['median_s'] / one:5.2f}x one "
+              f"agent's, {k * one / r['median_s']:4.2f} agents' epochs per one agent's epoch time "
+              f"(set-up {r['setup_s']:.1f} s)", flush=True)  # fmt: skip
+    path = Path(os.environ.get("OUT", "/tmp")) / "bench_cohort.json"
+    path.write_text(json.dumps(res, indent=2))
+    print(f"results in {path}")
+
+
+if __name__ == "__main__":
+    main()
