@@ -79,9 +79,9 @@ class EnsembleConfig:
     seeds of an architecture, CUDA streams across architectures), on a CPU one after another;
     vmap: vmap over seeds on any device; streams: on a GPU every member on a CUDA stream of its
     own (its captured forward where it has one), on a CPU one after another. Sequential is the
-    default because it was the faster on the H200 (8 members, 100k bars: 18.3 s eager; auto did
-    not finish warm-up and three runs in 150 s, bench/bench_ensemble.py, 2026-12-02); the
-    captured forms are not yet measured there."""
+    default: on the H200 (8 members, 100k bars, bench/bench_ensemble.py, 2026-12-02) it took
+    19.0 s eager and 16.3 s with the members' forwards captured (evaluation's form), while auto
+    did not finish warm-up and three runs in 150 s; streams is to be measured again."""
     flat: Literal["hold", "flat"] = "hold"
     """What a flat combined prediction does: keep the position held, or close it."""
     sizing: Literal["full", "confidence"] = "full"
