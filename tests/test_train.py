@@ -15,7 +15,7 @@ import torch
 
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
-from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train
+from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
 from foxhunt.train.core import TrainError
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
@@ -107,6 +107,55 @@ def test_early_stopping_ends_a_fold_after_patience_epochs_without_a_better_val(
     epochs.clear()
     resumed = run_train(cfg, NullLogger(), on_epoch_end=count)
     assert resumed.resumed and epochs == [3] and resumed.folds[0]["best_epoch"] == 1
+
+
+def test_seeds_side_by_side_train_as_their_own_tasks(demo_es, tmp_path):
+    """--seeds 0 1 in one process: each seed's results (every fold's best epoch, val, test and
+    random-policy metrics), run directory and checkpoints are those of its own task."""
+    both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(0, 1)))
+    for seed, res in zip((0, 1), both, strict=True):
+        alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed), NullLogger())
+        assert metrics_of(res) == metrics_of(alone), seed
+        assert res.run_dir.name == alone.run_dir.name  # same seed, same config digest
+        assert (res.run_dir / "results.json").exists()
+        assert (res.run_dir / "fold-1" / "best.safetensors").exists()
+    assert metrics_of(both[0]) != metrics_of(both[1])
+
+
+def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_path):
+    """Seeds side by side, killed mid-fold (one seed's epoch done, the other's not), resume to
+    what the uninterrupted run gives; one seed trained with patience stops early and waits for
+    the other at the next fold."""
+    full = train_seeds(tiny_cfg(demo_es, tmp_path / "full", seeds=(0, 1)))
+    calls = []
+
+    def kill(fold, epoch):
+        calls.append((fold, epoch))
+        if len(calls) == 3:  # seed 0's epoch 1 of fold 0 is saved, seed 1's is not
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "killed", seeds=(0, 1))
+    with pytest.raises(Killed):
+        train_seeds(cfg, on_epoch_end=kill)
+    resumed = train_seeds(cfg)
+    assert [r.resumed for r in resumed] == [True, True]
+    assert [metrics_of(r) for r in resumed] == [metrics_of(r) for r in full]
+    early = train_seeds(tiny_cfg(demo_es, tmp_path / "early", seeds=(0, 1), epochs=6, patience=1))
+    for seed, res in zip((0, 1), early, strict=True):
+        alone = run_train(tiny_cfg(demo_es, tmp_path / f"e{seed}", seed=seed, epochs=6,
+                                   patience=1), NullLogger())  # fmt: skip
+        assert metrics_of(res) == metrics_of(alone), seed
+
+
+def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path):
+    with pytest.raises(ValueError, match="supervised model"):
+        TrainConfig(model="tlob", seeds=(0, 1))
+    with pytest.raises(ValueError, match="distinct non-negative"):
+        TrainConfig(seeds=(1, 1))
+    with pytest.raises(ValueError, match="gpus > 1"):
+        TrainConfig(seeds=(0, 1), gpus=2)
+    with pytest.raises(TrainError, match="train_seeds"):
+        run_train(tiny_cfg(demo_es, tmp_path, seeds=(0, 1)), NullLogger())
 
 
 def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, monkeypatch):

@@ -169,8 +169,12 @@ def cmd_folds(cfg) -> int:
 
 def cmd_train(cfg) -> int:
     from foxhunt.train import distributed
-    from foxhunt.train.core import run_train
+    from foxhunt.train.core import run_train, train_seeds
 
+    if cfg.seeds:  # side by side in this process
+        for seed, res in zip(cfg.seeds, train_seeds(cfg), strict=True):
+            print(f"seed {seed}:\n{res.summary()}")
+        return 0
     if cfg.gpus > 1 and not distributed.launched():  # one process per GPU, through torchrun
         try:
             res = distributed.run_ranks(cfg)

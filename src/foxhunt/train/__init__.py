@@ -6,7 +6,7 @@ Importable without polars, mlflow or kfp (the GPU image has torch, numpy and saf
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
 from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
-from foxhunt.train.core import TrainConfig, TrainError, TrainResult, run_train
+from foxhunt.train.core import TrainConfig, TrainError, TrainResult, run_train, train_seeds
 from foxhunt.train.env import EnvConfig, TradingEnv
 
 __all__ = [
@@ -22,4 +22,5 @@ __all__ = [
     "TrainError",
     "TrainResult",
     "run_train",
+    "train_seeds",
 ]

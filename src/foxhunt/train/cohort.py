@@ -62,23 +62,38 @@ class Cohort:
         for a in self.agents:
             a.begin_epoch(epoch, epochs)
 
-    def train_epoch(self) -> None:
-        """One epoch of every agent: per round, each agent's collection then its learning."""
-        for _ in range(self.agents[0].rounds):
-            self._each(lambda a: (a.collect(), a.learn()))
+    def train_epoch(self, mark: Callable[[str], None] | None = None) -> None:
+        train_epoch(self.agents, self.streams, mark)
 
     def read_stats(self) -> list[dict[str, float]]:
         return [a.read_stats() for a in self.agents]
 
-    def _each(self, fn: Callable) -> None:
-        if self.streams is None:
-            for a in self.agents:
-                fn(a)
-            return
-        main = torch.cuda.current_stream(self.device)
-        for a, s in zip(self.agents, self.streams, strict=True):
-            s.wait_stream(main)
-            with torch.cuda.stream(s):
-                fn(a)
-        for s in self.streams:
-            main.wait_stream(s)
+
+def train_epoch(
+    agents: Sequence, streams: Sequence | None, mark: Callable[[str], None] | None = None
+) -> None:
+    """One epoch of `agents`: per round each one's collection, then each one's learning (`each`),
+    with `mark("collect")` and `mark("learn")` after them (the training loop's phase clocks)."""
+    for _ in range(agents[0].rounds):
+        each(agents, streams, lambda a: a.collect())
+        if mark is not None:
+            mark("collect")
+        each(agents, streams, lambda a: a.learn())
+        if mark is not None:
+            mark("learn")
+
+
+def each(agents: Sequence, streams: Sequence | None, fn: Callable) -> None:
+    """fn(agent) for every agent: on its own CUDA stream where `streams` are given (the current
+    stream waits for all of them before this returns), else one after another."""
+    if streams is None:
+        for a in agents:
+            fn(a)
+        return
+    main = torch.cuda.current_stream(agents[0].device)
+    for a, s in zip(agents, streams, strict=True):
+        s.wait_stream(main)
+        with torch.cuda.stream(s):
+            fn(a)
+    for s in streams:
+        main.wait_stream(s)

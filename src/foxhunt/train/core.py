@@ -34,7 +34,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -49,11 +49,12 @@ from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train import distributed
-from foxhunt.train.agents import AGENTS, Agent, agent_class
+from foxhunt.train.agents import AGENTS, SUPERVISED, Agent, agent_class
 from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.ppo import PPOConfig
 from foxhunt.train.agents.pqn import PQNConfig
 from foxhunt.train.baselines import evaluate_baselines
+from foxhunt.train.cohort import train_epoch
 from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
@@ -96,6 +97,13 @@ class TrainConfig:
     """Epochs per fold; the best by val Sharpe is kept."""
     seed: int = 0
     """Seed of everything random: the same seed, data and device give the same metrics."""
+    seeds: tuple[int, ...] = ()
+    """Train these seeds side by side in this one process instead of `seed` alone: one upload
+    of the data, on a GPU each seed's agent on a CUDA stream of its own (foxhunt.train.cohort).
+    Each seed trains exactly as its own task with --seed would, into its own run directory,
+    checkpoints, resume file and MLflow runs. The agents only (dqn, ppo, pqn: every draw of
+    theirs comes from their own generator; the supervised models' dropout draws from torch's
+    global one)."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -157,6 +165,17 @@ class TrainConfig:
             raise ValueError(f"epochs = {self.epochs}: must be at least 1")
         if self.seed < 0:
             raise ValueError(f"seed = {self.seed}: must not be negative")
+        if self.seeds:
+            if min(self.seeds) < 0 or len(set(self.seeds)) != len(self.seeds):
+                raise ValueError(f"seeds = {self.seeds}: distinct non-negative integers")
+            if self.model in SUPERVISED:
+                raise ValueError(
+                    f"seeds: {self.model} is a supervised model, whose dropout draws from "
+                    "torch's global generator: its seeds side by side would not train as each "
+                    "alone does; train one seed per task (--seed)"
+                )
+            if self.gpus > 1:
+                raise ValueError("seeds with gpus > 1: one or the other (a seed per GPU job)")
         if self.patience < 0:
             raise ValueError(f"patience = {self.patience}: must not be negative")
         if self.gpus < 1:
@@ -173,7 +192,7 @@ class TrainConfig:
         content, which names the cache), not where files are nor how runs are logged."""
         d = dataclasses.asdict(self)
         skip = ("folds", "cache", "out", "run_id", "resume", "tracking", "experiment", "tags",
-                "compile_cache")  # fmt: skip
+                "compile_cache", "seeds")  # fmt: skip
         others = [m for m in MODELS if m != self.model]
         for k in (*skip, "baselines", *others):
             d.pop(k)
@@ -413,6 +432,27 @@ def run_train(
     logger: Logger | None = None,
     on_epoch_end: Callable[[int, int], None] | None = None,
 ) -> TrainResult:
+    """One task: `cfg.model` with `cfg.seed` over the folds (`train_seeds` for cfg.seeds)."""
+    if cfg.seeds:
+        raise TrainError(f"seeds = {cfg.seeds}: several seeds train through train_seeds")
+    return _run(cfg, [cfg.seed], [logger], on_epoch_end)[0]
+
+
+def train_seeds(
+    cfg: TrainConfig, on_epoch_end: Callable[[int, int], None] | None = None
+) -> list[TrainResult]:
+    """The tasks of `cfg.seeds` (or of `cfg.seed` alone) side by side in this process: each
+    one's result as `run_train` of that seed would give it."""
+    seeds = list(cfg.seeds or (cfg.seed,))
+    return _run(cfg, seeds, [None] * len(seeds), on_epoch_end)
+
+
+def _run(
+    cfg: TrainConfig,
+    seeds: list[int],
+    loggers: list[Logger | None],
+    on_epoch_end: Callable[[int, int], None] | None,
+) -> list[TrainResult]:
     # Everything that can be checked is checked before the data is uploaded.
     doc = load_folds(cfg.folds)
     if cfg.compile_cache is not None:
@@ -429,21 +469,31 @@ def run_train(
     if not folds:
         raise TrainError(f"{cfg.folds}: none of folds {list(cfg.fold_ids)} in the file")
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
-    digest = cfg.digest(doc)
     # One directory per run and configuration: a retried task (same run id) finds its resume
     # file there; a new run starts in a directory of its own.
     run_id = cfg.run_id or distributed.shared(new_run_id())  # rank 0's draw on every rank
     if cfg.run_id and not re.fullmatch(r"[A-Za-z0-9._-]+", run_id):
         raise TrainError(f"run_id {run_id!r}: only letters, digits, '.', '_' and '-'")
-    run_dir = cfg.out / run_id / f"{symbol}-{cfg.model}-seed{cfg.seed}-{digest[:10]}"
-    log.info("run %s: %s", run_id, run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     main = distributed.is_main()  # rank 0 alone writes results, checkpoints, MLflow
-    if main:
-        clean_stale(run_dir)
-    resume_path = run_dir / distributed.resume_name()  # every rank keeps its own
-    with failure_note(run_dir, digest) if main else contextlib.nullcontext():
-        state = load_resume(resume_path) if cfg.resume and resume_path.exists() else None
+    # Each seed is a task of its own: its config, digest, run directory and resume file.
+    tasks = []
+    for seed in seeds:
+        tcfg = dataclasses.replace(cfg, seed=seed, seeds=())
+        digest = tcfg.digest(doc)
+        run_dir = cfg.out / run_id / f"{symbol}-{cfg.model}-seed{seed}-{digest[:10]}"
+        log.info("run %s: %s", run_id, run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if main:
+            clean_stale(run_dir)
+        tasks.append((tcfg, digest, run_dir))
+    with contextlib.ExitStack() as notes:
+        for _, digest, run_dir in tasks if main else ():
+            notes.enter_context(failure_note(run_dir, digest))
+        states = []
+        for _, _, run_dir in tasks:
+            resume_path = run_dir / distributed.resume_name()  # every rank keeps its own
+            resume = cfg.resume and resume_path.exists()
+            states.append(load_resume(resume_path) if resume else None)
         try:
             data = MarketData.from_fxcache(cache, device)
         except DataError as e:
@@ -451,23 +501,85 @@ def run_train(
                 f"fxcache {cache.path}: {e}. A cache `foxhunt precompute` wrote never holds "
                 "such values: delete the cache directory and run precompute again"
             ) from None
-        if logger is None:
-            mlflow = cfg.tracking == "mlflow" and main
-            logger = MlflowLogger(cfg.experiment) if mlflow else NullLogger()
+        mlflow = cfg.tracking == "mlflow" and main
+        loggers = [lg or (MlflowLogger(cfg.experiment) if mlflow else NullLogger())
+                   for lg in loggers]  # fmt: skip
         try:
             with sigterm_raises():
-                result = _train_folds(
-                    cfg, doc, folds, cache, data, device, digest, run_id, run_dir, state,
-                    logger, on_epoch_end,
+                results = _drive(
+                    [_task(tcfg, doc, folds, cache, data, device, digest, run_id, run_dir,
+                           state, logger, on_epoch_end)
+                     for (tcfg, digest, run_dir), state, logger in zip(tasks, states, loggers,
+                                                                       strict=True)],
+                    device,
                 )  # fmt: skip
         except BaseException as e:
             # Killed (SIGTERM from Kubernetes, Ctrl-C) or failed: the MLflow runs say which.
             killed = isinstance(e, KeyboardInterrupt | SystemExit | Terminated)
-            logger.abort("KILLED" if killed else "FAILED")
+            for lg in loggers:
+                lg.abort("KILLED" if killed else "FAILED")
             raise
     if distributed.launched():
         distributed.finish()
-    return result
+    return results
+
+
+@dataclass
+class _Train:
+    """What a task yields for each epoch's training: its agent, and its clock to mark."""
+
+    agent: Agent
+    clock: Clock
+
+
+@dataclass
+class _Fold:
+    """What a task yields before it starts a fold (and refits the shared normaliser): the
+    fold's position in the folds trained."""
+
+    position: int
+
+
+def _drive(tasks: list, device: torch.device) -> list[TrainResult]:
+    """Run the tasks (`_task` generators) in step and return their results. A task yields
+    `_Train` for each epoch's collection and learning, which run here for every task that asks
+    at once (foxhunt.train.cohort; on a GPU, with more than one task, each on a CUDA stream of
+    its own), and `_Fold` before it starts a fold. It waits there while any task trains, and
+    then until the tasks at earlier folds are done with them: the tasks share the data and its
+    normaliser, so they train one fold at a time (a task that stopped early, or that resumed
+    past a fold, waits for the others)."""
+    n = len(tasks)
+    streams = (
+        [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
+    )
+    wants: list = [None] * n
+    out: list = [None] * n
+
+    def advance(i: int) -> None:
+        try:
+            wants[i] = next(tasks[i])
+        except StopIteration as stop:
+            wants[i], out[i] = None, stop.value
+
+    for i in range(n):
+        advance(i)
+    while any(w is not None for w in wants):
+        ready = [i for i in range(n) if isinstance(wants[i], _Train)]
+        if ready:
+            clocks = [wants[i].clock for i in ready]
+
+            def mark(name: str, clocks: list[Clock] = clocks) -> None:
+                for c in clocks:
+                    c.mark(name)
+
+            train_epoch([wants[i].agent for i in ready],
+                        streams and [streams[i] for i in ready], mark)  # fmt: skip
+        else:  # every task left waits at a fold's start: the earliest fold's go on together
+            first = min(w.position for w in wants if w is not None)
+            ready = [i for i in range(n) if wants[i] is not None and wants[i].position == first]
+        for i in ready:
+            advance(i)
+    return out
 
 
 def use_compile_cache(root: Path) -> Path:
@@ -516,7 +628,7 @@ def failure_note(run_dir: Path, digest: str):
     (run_dir / "failed.json").unlink(missing_ok=True)
 
 
-def _train_folds(
+def _task(
     cfg: TrainConfig,
     doc: dict,
     folds: list[dict],
@@ -529,8 +641,10 @@ def _train_folds(
     state: dict | None,
     logger: Logger,
     on_epoch_end: Callable[[int, int], None] | None,
-) -> TrainResult:
-    """The task once everything is checked and uploaded: build the agent, then each fold."""
+) -> Generator[_Train | str, None, TrainResult]:
+    """The task once everything is checked and uploaded: build the agent, then each fold. A
+    generator that `_drive` runs: it yields `_Fold` before each fold it trains and `_Train`
+    where an epoch's collection and learning go, and returns the task's result."""
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
     resume_path = run_dir / distributed.resume_name()
@@ -628,6 +742,7 @@ def _train_folds(
         k = fold["fold"]
         if k in done:
             continue
+        yield _Fold(folds.index(fold))
         ranges = {p: (fold[f"{p}_start"], fold[f"{p}_end"]) for p in ("train", "val", "test")}
         clock = Clock(device)
         clock.mark("start")
@@ -668,11 +783,9 @@ def _train_folds(
                 break
             agent.begin_epoch(epoch, cfg.epochs)
             clock.mark("start")
-            for _ in range(agent.rounds):  # DQN: one round; PPO, PQN: rollouts and updates
-                agent.collect()
-                clock.mark("collect")
-                agent.learn()
-                clock.mark("learn")
+            # Collection and learning (DQN: one round; PPO, PQN: rollouts and updates), with
+            # the other tasks' side by side: `_drive` runs them and marks the clock.
+            yield _Train(agent, clock)
             if calibrate is not None:
                 calibrate(*ranges["val"])
             if prepare is not None:
