@@ -161,11 +161,13 @@ def start_fold(
 
 
 class AgentState:
-    """An RL agent's snapshot, restore and resume check, from its `_state_tensors()` (every
-    tensor training changes, live) and `gen`, its own random generator: every draw of its
-    training comes from `gen` (seeded per fold), so agents trained side by side in one process
-    draw what each would alone, and a resumed agent draws on where it stopped."""
+    """An agent's snapshot, restore and resume check, from its `_state_tensors()` (every tensor
+    training changes, live) and `gen`, a random generator of its own whose state goes with them
+    (under RNG_KEY), so that a resumed agent draws on where it stopped. The RL agents take every
+    draw of their training from `gen` (seeded per fold): agents trained side by side in one
+    process draw what each would alone."""
 
+    RNG_KEY = "rng"
     gen: torch.Generator
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
@@ -175,17 +177,17 @@ class AgentState:
         """Every tensor that training changes, copied, and the generator's state (for capture
         and for resume files)."""
         out = {k: v.detach().clone() for k, v in self._state_tensors().items()}
-        return out | {"rng": self.gen.get_state()}
+        return out | {self.RNG_KEY: self.gen.get_state()}
 
     def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
         """Why `saved` cannot be restored into this agent (another version's layout), or None."""
-        if "rng" not in saved:
-            return "it lacks rng"
+        if self.RNG_KEY not in saved:
+            return f"it lacks {self.RNG_KEY}"
         return state_mismatch(self._state_tensors(), saved)
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        copy_state(self._state_tensors(), {k: v for k, v in saved.items() if k != "rng"})
-        self.gen.set_state(saved["rng"].cpu())
+        copy_state(self._state_tensors(), {k: v for k, v in saved.items() if k != self.RNG_KEY})
+        self.gen.set_state(saved[self.RNG_KEY].cpu())
 
 
 def module_weights(net: torch.nn.Module) -> dict[str, torch.Tensor]:

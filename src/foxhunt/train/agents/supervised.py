@@ -51,13 +51,13 @@ from torch import nn
 
 from foxhunt.train import distributed
 from foxhunt.train.agents.common import (
+    AgentState,
     Capture,
     Precision,
     autocast,
     capture_graphs,
     capture_restoring,
     clip_and_step,
-    copy_state,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -65,7 +65,6 @@ from foxhunt.train.agents.common import (
     module_weights,
     resolve,
     restart,
-    state_mismatch,
 )
 from foxhunt.train.data import N_MKT, MarketData
 from foxhunt.train.env import DIRECTIONS, SIZES, EnvConfig
@@ -258,9 +257,11 @@ def step_lr_factor(k: torch.Tensor, total: torch.Tensor, warmup: float) -> torch
 
 
 # ---------------------------------------------------------------------------------- agent
-class SupervisedAgent:
+class SupervisedAgent(AgentState):
     """The trainer's state for one task: the network, AdamW, labels, samples and the
     predictions the policy reads. Built once per task, reset in place per fold."""
+
+    RNG_KEY = "order_rng"  # `gen` orders the samples (dropout draws from torch's generator)
 
     def __init__(self, cfg: SupervisedConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         dev = data.device
@@ -303,7 +304,7 @@ class SupervisedAgent:
         self.samples = 0  # host copy of n_train
         # The order of the samples: its own generator, seeded alike on every data-parallel
         # rank (foxhunt.train.distributed), so that the ranks split one global batch.
-        self.order_gen = torch.Generator(dev)
+        self.gen = torch.Generator(dev)
         if cfg.compile:
             self._loss = torch.compile(self._loss, dynamic=False)
         ensure_adam_state(self.opt, self.flat)
@@ -347,7 +348,7 @@ class SupervisedAgent:
         """Fresh weights and optimiser; the normaliser, the label threshold and the samples of
         this fold's train range (fitted there only)."""
         torch.manual_seed(seed)
-        self.order_gen.manual_seed(distributed.shared_seed(seed))
+        self.gen.manual_seed(distributed.shared_seed(seed))
         restart(self.net, self.init_state, [self.stats, self.step_i], self.opt)
         self.data.fit_normaliser(train_lo, train_hi)
         a, b = sample_bars(train_lo, train_hi, self.cfg.horizon)
@@ -425,7 +426,7 @@ class SupervisedAgent:
         for k in range(self.steps_per_epoch()):
             j = k % per_pass
             if j == 0:
-                u = torch.rand(self.samples, device=self.device, generator=self.order_gen)
+                u = torch.rand(self.samples, device=self.device, generator=self.gen)
                 perm = u.argsort()
             mine = perm[j * G + rank * B : j * G + (rank + 1) * B]
             self.batch_t.copy_(self.train_t.index_select(0, mine))
@@ -564,18 +565,8 @@ class SupervisedAgent:
             st[k] = getattr(self, k)
         return st
 
-    def snapshot(self) -> dict[str, torch.Tensor]:
-        st = {k: v.detach().clone() for k, v in self._state_tensors().items()}
-        return st | {"order_rng": self.order_gen.get_state()}
-
-    def state_mismatch(self, saved: dict[str, torch.Tensor]) -> str | None:
-        if "order_rng" not in saved:
-            return "it lacks order_rng"
-        return state_mismatch(self._state_tensors(), saved)
-
     def restore(self, saved: dict[str, torch.Tensor]) -> None:
-        copy_state(self._state_tensors(), {k: v for k, v in saved.items() if k != "order_rng"})
-        self.order_gen.set_state(saved["order_rng"].cpu())
+        super().restore(saved)
         self.samples = int(self.n_train)
 
 
