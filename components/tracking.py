@@ -40,6 +40,7 @@ def start_tracking(
     nodes: int,
     gpus_per_node: int,
     fold_tasks: bool,
+    seeds_together: bool,
     experiment: str = "foxhunt",
 ) -> str:
     """The MLflow parent run of this pipeline run: every pipeline parameter as a run parameter

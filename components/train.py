@@ -24,14 +24,19 @@ def train(
     overrides: str = "{}",
     fold: int = -1,
     gpus: int = 1,
+    seeds: str = "",
 ):
     """One training task on this pod's GPUs: every fold of the folds artifact, one upload, one
     model (an agent: dqn, ppo, pqn; a supervised model: tlob, cfc, mamba2, tft; or their
     ensemble) and seed; with gpus > 1, data-parallel through torchrun's launcher.
     `best_model` is the task's best fold's checkpoint (weights, normaliser, config; also an
-    MLflow model, its URI in the metadata), `results` its per-fold results. The parameters:
+    MLflow model, its URI in the metadata), `results` its per-fold results. `seeds` ("0,1,2"):
+    several seeds trained side by side on this pod's GPU instead of `seed` alone (foxhunt train
+    --seeds), each its own task's results, checkpoints and MLflow runs. The parameters:
     foxhunt.train.task.task_config."""
-    from foxhunt.train import distributed, run_train
+    import dataclasses
+
+    from foxhunt.train import distributed, run_train, train_seeds
     from foxhunt.train.task import task_config, write_outputs
     from foxhunt.train.tracking import find_pipeline_run, require_tracking_uri
 
@@ -44,6 +49,12 @@ def train(
         envs=envs, fee_bps=fee_bps, half_spread_bps=half_spread_bps, overrides=overrides,
         gpus=gpus, parent_run_id=find_pipeline_run("foxhunt", kfp_run_id), fold=fold,
     )  # fmt: skip
-    res = distributed.run_ranks(cfg) if gpus > 1 else run_train(cfg)
-    print(res.summary())
-    write_outputs(res.run_dir, seed, results.path, best_model, metrics)
+    together = [int(s) for s in seeds.split(",") if s.strip()]
+    if together:
+        done = train_seeds(dataclasses.replace(cfg, seeds=tuple(together)))
+    else:
+        done = [distributed.run_ranks(cfg) if gpus > 1 else run_train(cfg)]
+    for s, res in zip(together or [seed], done, strict=True):
+        print(f"seed {s}:\n{res.summary()}")
+    write_outputs([(s, r.run_dir) for s, r in zip(together or [seed], done, strict=True)],
+                  results.path, best_model, metrics)  # fmt: skip

@@ -72,4 +72,4 @@ def train_job(
     run_dir = next(p.parent for p in (Path(work_dir) / "runs" / cfg.run_id).glob(
         f"*-{model}-seed{seed}-*/results.json"))  # fmt: skip
     print(json.loads((run_dir / "results.json").read_text())["aggregate"])
-    write_outputs(run_dir, seed, results.path, best_model, metrics)
+    write_outputs([(seed, run_dir)], results.path, best_model, metrics)

@@ -1,14 +1,17 @@
-"""train-baseline: ingest -> precompute -> folds -> train (one task per model and seed) -> report.
+"""train-baseline: ingest -> precompute -> folds -> train (a task per model and seed group) -> report.
 
 How a task runs, by the run's parameters (each rerunnable from the Kubeflow UI):
     nodes = 1, gpus_per_node = 1   one pod, one GPU (the default)
     nodes = 1, gpus_per_node = N   one pod, N GPUs: data-parallel through torchrun's launcher
     nodes = M > 1                  a Kubeflow Trainer TrainJob of M nodes x gpus_per_node GPUs,
                                    submitted and followed by a CPU pod (train_job)
-With fold_tasks, every fold of a model and seed is a task of its own too (more, shorter tasks;
-the report puts a task's folds back together). Tasks run side by side up to the compile-time
-PARALLELISM (a cluster is not flooded), each
-labelled for Kueue's queue KUEUE_QUEUE where that is set (pipelines.platform.Cluster)."""
+An agent's seeds (dqn, ppo, pqn) train side by side in one task on one GPU by default
+(seeds_together; foxhunt train --seeds: one upload, one compile, each seed its own results and
+MLflow runs); seeds_together=false, a supervised model or a data-parallel task gives each seed a
+task of its own. With fold_tasks, every fold of a model and seed is a task of its own too (more,
+shorter tasks; the report puts a task's folds back together). Tasks run side by side up to the
+compile-time PARALLELISM (a cluster is not flooded), each labelled for Kueue's queue
+KUEUE_QUEUE where that is set (pipelines.platform.Cluster)."""
 
 from typing import Literal
 
@@ -74,6 +77,7 @@ def build_train_baseline(
         nodes: int = 1,
         gpus_per_node: int = 1,
         fold_tasks: bool = False,
+        seeds_together: bool = True,
     ):
         # Whatever stops a task, the exit task ends the MLflow parent run with the pipeline's
         # outcome (FINISHED, FAILED, KILLED): no run is left RUNNING.
@@ -102,10 +106,12 @@ def build_train_baseline(
                 raw_dir=raw_dir, work_dir=work_dir, raw_pvc=raw_pvc, fxcache_pvc=fxcache_pvc,
                 gpu_node_selector=gpu_node_selector, gpu_tolerations=gpu_tolerations,
                 nodes=nodes, gpus_per_node=gpus_per_node, fold_tasks=fold_tasks,
+                seeds_together=seeds_together,
             )  # fmt: skip
             trk.set_display_name("MLflow parent run").set_caching_options(False)
             plan = plan_tasks(model=model, seeds=seeds, folds=fo.outputs["folds_json"],
-                              fold_tasks=fold_tasks)  # fmt: skip
+                              fold_tasks=fold_tasks, seeds_together=seeds_together,
+                              nodes=nodes, gpus_per_node=gpus_per_node)  # fmt: skip
             plan.set_display_name("Tasks: models x seeds").set_caching_options(False)
             common = dict(
                 work_dir=work_dir, folds=fo.outputs["folds_json"], epochs=epochs,
@@ -125,8 +131,8 @@ def build_train_baseline(
                     tj.set_display_name("Train as a TrainJob").set_caching_options(False)
                     tj.set_retry(num_retries=2, backoff_duration="120s")
                 with dsl.Else(name="one-node"):
-                    tr = train(model=t.model, seed=t.seed, fold=t.fold, gpus=gpus_per_node,
-                               **common).after(trk)  # fmt: skip
+                    tr = train(model=t.model, seed=t.seed, seeds=t.seeds, fold=t.fold,
+                               gpus=gpus_per_node, **common).after(trk)  # fmt: skip
                     tr.set_display_name("Train over all folds").set_caching_options(False)
                     tr.set_retry(num_retries=2, backoff_duration="120s")  # resumes from resume.pt
             rep = report(

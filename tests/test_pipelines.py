@@ -591,9 +591,60 @@ def test_the_fan_out_plans_models_x_seeds_and_folds_when_asked(tmp_path):
     f = tmp_path / "folds.json"
     f.write_text(json.dumps({"folds": [{"fold": 0}, {"fold": 2}]}))
     art = SimpleNamespace(path=str(f))
-    got = plan_tasks.python_func(model="dqn, tlob", seeds=[0, 1.0], folds=art, fold_tasks=False)
-    assert got == [{"model": m, "seed": s, "fold": -1} for m in ("dqn", "tlob") for s in (0, 1)]
+    got = plan_tasks.python_func(model="dqn, tlob", seeds=[0, 1.0], folds=art, fold_tasks=False,
+                                 seeds_together=False)  # fmt: skip
+    assert got == [{"model": m, "seed": s, "seeds": "", "fold": -1}
+                   for m in ("dqn", "tlob") for s in (0, 1)]  # fmt: skip
     got = plan_tasks.python_func(model="ppo", seeds=[3], folds=art, fold_tasks=True)
-    assert got == [{"model": "ppo", "seed": 3, "fold": 0}, {"model": "ppo", "seed": 3, "fold": 2}]
+    assert got == [{"model": "ppo", "seed": 3, "seeds": "", "fold": k} for k in (0, 2)]
+    # By default an agent's seeds are one task; a supervised model's are not (its dropout
+    # draws from torch's global generator), nor a data-parallel task's.
+    got = plan_tasks.python_func(model="dqn,tlob", seeds=[0, 1.0, 2], folds=art, fold_tasks=True)
+    assert got == [{"model": "dqn", "seed": 0, "seeds": "0,1,2", "fold": k} for k in (0, 2)] + [
+        {"model": "tlob", "seed": s, "seeds": "", "fold": k} for s in (0, 1, 2) for k in (0, 2)
+    ]
+    for many in ({"nodes": 2}, {"gpus_per_node": 4}):
+        got = plan_tasks.python_func(model="pqn", seeds=[0, 1], folds=art, fold_tasks=False,
+                                     **many)  # fmt: skip
+        assert [t["seeds"] for t in got] == ["", ""]
     with pytest.raises(ValueError, match="name one or more of"):
         plan_tasks.python_func(model="dqn,xgb", seeds=[0], folds=art, fold_tasks=False)
+
+
+def test_a_step_of_seeds_side_by_side_outputs_every_seed_and_the_best_model(tmp_path):
+    """write_outputs for two seeds trained in one step: results of both, the best fold over
+    both as the Model, each seed's aggregate as metrics of its own; for one seed, as before."""
+    from types import SimpleNamespace
+
+    from foxhunt.train.task import write_outputs
+
+    def task(seed: int, vals: list[float]) -> tuple[int, Path]:
+        d = tmp_path / f"seed{seed}"
+        folds = [{"fold": k, "val": {"sharpe": v}, "test": {"sharpe": v / 2}}
+                 for k, v in enumerate(vals)]  # fmt: skip
+        for k in range(len(vals)):
+            (d / f"fold-{k}").mkdir(parents=True)
+            for name in ("best.safetensors", "best.json"):
+                (d / f"fold-{k}" / name).write_text(f"{seed}/{k}/{name}")
+        agg = {"test_sharpe": sum(vals) / 4, "test_profit_factor": float("inf")}
+        (d / "results.json").write_text(json.dumps({"folds": folds, "aggregate": agg}))
+        return seed, d
+
+    tasks = [task(0, [1.0, 2.0]), task(1, [3.0, 0.5])]
+    logged = {}
+    metrics = SimpleNamespace(log_metric=lambda k, v: logged.__setitem__(k, v))
+    model = SimpleNamespace(path=str(tmp_path / "model"), metadata={})
+    write_outputs(tasks, str(tmp_path / "results.json"), model, metrics)
+    doc = json.loads((tmp_path / "results.json").read_text())
+    assert sorted(doc["seeds"]) == ["0", "1"]
+    assert (model.metadata["seed"], model.metadata["fold"], model.metadata["val_sharpe"]) == (
+        1,
+        0,
+        3.0,
+    )
+    assert (tmp_path / "model" / "best.safetensors").read_text() == "1/0/best.safetensors"
+    assert logged == {"seed0_test_sharpe": 0.75, "seed1_test_sharpe": 0.875}  # no inf
+    logged.clear()
+    write_outputs(tasks[:1], str(tmp_path / "one.json"), model, metrics)
+    assert json.loads((tmp_path / "one.json").read_text())["folds"][1]["val"]["sharpe"] == 2.0
+    assert logged == {"test_sharpe": 0.75}

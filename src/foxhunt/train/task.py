@@ -52,12 +52,19 @@ def task_config(*, work_dir: str, folds_path: str, model: str, seed: int, epochs
     )  # fmt: skip
 
 
-def write_outputs(run_dir: Path, seed: int, results_path: str, best_model, metrics) -> dict:
-    """The step's outputs from a finished task's run directory: results.json, the best fold's
-    checkpoint as a Model (with its metrics in the metadata), the aggregate as KFP metrics."""
-    doc = json.loads((run_dir / "results.json").read_text())
-    shutil.copy(run_dir / "results.json", results_path)
-    best = max(doc["folds"], key=lambda f: f["val"]["sharpe"])
+def write_outputs(tasks: list[tuple[int, Path]], results_path: str, best_model, metrics) -> None:
+    """The step's outputs from its finished tasks, (seed, run directory) each: results.json (of
+    several seeds trained side by side, {"seeds": {seed: results.json}}), the best fold's
+    checkpoint over all of them as a Model (with its metrics in the metadata), each aggregate
+    as KFP metrics (prefixed `seed<s>_` where there are several)."""
+    docs = {seed: json.loads((run_dir / "results.json").read_text()) for seed, run_dir in tasks}
+    if len(tasks) == 1:
+        shutil.copy(tasks[0][1] / "results.json", results_path)
+    else:
+        Path(results_path).write_text(json.dumps({"seeds": docs}, indent=1))
+    seed, run_dir, best = max(
+        ((s, d, f) for s, d in tasks for f in docs[s]["folds"]), key=lambda x: x[2]["val"]["sharpe"]
+    )
     Path(best_model.path).mkdir(parents=True, exist_ok=True)
     for name in ("best.safetensors", "best.json"):
         shutil.copy(run_dir / f"fold-{best['fold']}" / name, Path(best_model.path) / name)
@@ -66,11 +73,12 @@ def write_outputs(run_dir: Path, seed: int, results_path: str, best_model, metri
         test_sharpe=best["test"]["sharpe"], mlflow_model_uri=best.get("model_uri") or "",
         run_dir=str(run_dir),
     )  # fmt: skip
-    agg = doc["aggregate"]
-    flat = {k: v for k, v in agg.items() if k != "baselines_test_sharpe"}
-    flat |= {f"baseline_{k}_test_sharpe": v
-             for k, v in agg.get("baselines_test_sharpe", {}).items()}  # fmt: skip
-    for k, v in flat.items():
-        if math.isfinite(v):  # KFP's metrics JSON takes numbers only (no inf profit factor)
-            metrics.log_metric(k, v)
-    return doc
+    for seed, doc in docs.items():
+        agg = doc["aggregate"]
+        flat = {k: v for k, v in agg.items() if k != "baselines_test_sharpe"}
+        flat |= {f"baseline_{k}_test_sharpe": v
+                 for k, v in agg.get("baselines_test_sharpe", {}).items()}  # fmt: skip
+        prefix = f"seed{seed}_" if len(docs) > 1 else ""
+        for k, v in flat.items():
+            if math.isfinite(v):  # KFP's metrics JSON takes numbers only (no inf profit factor)
+                metrics.log_metric(prefix + k, v)
