@@ -14,6 +14,10 @@ graph replays on its stream.
 
 The agents share the data and so its normaliser, which `reset_fold` fits on the fold's train
 range: a cohort trains one fold at a time (folds side by side would need a normaliser each).
+
+`train_epoch` and `each` are the pieces: `foxhunt train --seeds` (foxhunt.train.core's
+`_drive`) runs its seeds' tasks with them; `Cohort` puts them together for a script or a
+benchmark (bench/bench_cohort.py).
 """
 
 from __future__ import annotations
