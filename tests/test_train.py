@@ -147,7 +147,7 @@ def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_
         assert metrics_of(res) == metrics_of(alone), seed
 
 
-def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path):
+def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="supervised model"):
         TrainConfig(model="tlob", seeds=(0, 1))
     with pytest.raises(ValueError, match="distinct non-negative"):
@@ -156,6 +156,9 @@ def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path):
         TrainConfig(seeds=(0, 1), gpus=2)
     with pytest.raises(TrainError, match="train_seeds"):
         run_train(tiny_cfg(demo_es, tmp_path, seeds=(0, 1)), NullLogger())
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun starts a rank
+    with pytest.raises(TrainError, match="under torchrun"):
+        train_seeds(tiny_cfg(demo_es, tmp_path, seeds=(0, 1)))
 
 
 def test_a_new_run_trains_afresh_and_only_a_retry_resumes(demo_es, tmp_path, monkeypatch):

@@ -454,6 +454,8 @@ def _run(
     on_epoch_end: Callable[[int, int], None] | None,
 ) -> list[TrainResult]:
     # Everything that can be checked is checked before the data is uploaded.
+    if len(seeds) > 1 and distributed.launched():
+        raise TrainError("seeds side by side under torchrun: one or the other (a seed per job)")
     doc = load_folds(cfg.folds)
     if cfg.compile_cache is not None:
         use_compile_cache(Path(cfg.compile_cache))
