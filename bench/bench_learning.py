@@ -121,12 +121,16 @@ def env_sets(env: EnvConfig, sets: list[str]) -> tuple[EnvConfig, list[str]]:
         if not k.startswith("env."):
             rest.append(kv)
             continue
-        try:
-            value = json.loads(v)
-        except ValueError:
-            value = v  # a bare string, e.g. env.orders=full_market
-        env = dataclasses.replace(env, **{k.removeprefix("env."): value})
+        env = dataclasses.replace(env, **{k.removeprefix("env."): set_value(v)})
     return env, rest
+
+
+def set_value(v: str):
+    """A --set value: JSON (numbers, booleans, lists), else the bare string (full_market)."""
+    try:
+        return json.loads(v)
+    except ValueError:
+        return v
 
 
 def model_configs(sizes: str, sets: list[str]) -> dict:
@@ -145,7 +149,7 @@ def model_configs(sizes: str, sets: list[str]) -> dict:
         hit = False
         for m in targets:
             if name in {f.name for f in dataclasses.fields(cfgs[m])}:
-                value = json.loads(v)
+                value = set_value(v)
                 cfgs[m] = dataclasses.replace(
                     cfgs[m], **{name: tuple(value) if isinstance(value, list) else value}
                 )
