@@ -10,7 +10,9 @@ agents each on a CUDA stream of its own (`streams`). Each: the agents built (see
 captured as CUDA graphs (uncompiled by default: K compiled agents compile K times; `--compile`
 to include it), a fold reset, `--warmup` epochs, then the median of `--epochs` timed epochs
 (collection and learning of every agent; evaluation is not part of it, as in `foxhunt bench`'s
-train_s). Prints a table; JSON to $OUT or /tmp.
+train_s). Prints a table, and whether the forms trained alike (every agent's statistics of the
+last epoch the same in each form, agent 0's the same as the lone agent's); JSON to $OUT or
+/tmp.
 """
 
 from __future__ import annotations
@@ -61,11 +63,12 @@ def time_form(model: str, sets: dict, data: MarketData, k: int, streams: bool, a
         sync(dev)
         if e >= args.warmup:
             times.append(time.perf_counter() - t0)
-        cohort.read_stats()
+        stats = cohort.read_stats()
     del cohort, agents
     if dev.type == "cuda":
         torch.cuda.empty_cache()
-    return {"median_s": statistics.median(times), "epochs_s": times, "setup_s": setup}
+    return {"median_s": statistics.median(times), "epochs_s": times, "setup_s": setup,
+            "last_stats": stats}  # fmt: skip
 
 
 def main() -> None:
@@ -101,6 +104,13 @@ def main() -> None:
         print(f"{label:14s} epoch {r['median_s'] * 1e3:8.1f} ms = {r['median_s'] / one:5.2f}x one "
               f"agent's, {k * one / r['median_s']:4.2f} agents' epochs per one agent's epoch time "
               f"(set-up {r['setup_s']:.1f} s)", flush=True)  # fmt: skip
+    # The agents train alike in every form: the same statistics, bit for bit (each one's own
+    # generator; the same kernels on another stream).
+    many = [f for f in res["forms"].values() if f["agents"] == args.agents]
+    same = all(f["last_stats"] == many[0]["last_stats"] for f in many)
+    same &= many[0]["last_stats"][0] == res["forms"]["one agent"]["last_stats"][0]
+    res["same_stats"] = same
+    print(f"every form's agents end their last epoch with the same statistics: {same}")
     path = Path(os.environ.get("OUT", "/tmp")) / "bench_cohort.json"
     path.write_text(json.dumps(res, indent=2))
     print(f"results in {path}")
