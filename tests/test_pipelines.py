@@ -603,6 +603,10 @@ def test_the_fan_out_plans_models_x_seeds_and_folds_when_asked(tmp_path):
     assert got == [{"model": "dqn", "seed": 0, "seeds": "0,1,2", "fold": k} for k in (0, 2)] + [
         {"model": "tlob", "seed": s, "seeds": "", "fold": k} for s in (0, 1, 2) for k in (0, 2)
     ]
+    got = plan_tasks.python_func(model="ppo", seeds=list(range(21)), folds=art, fold_tasks=False)
+    assert [t["seeds"] for t in got] == ["0,1,2,3,4,5,6,7,8,9", "10,11,12,13,14,15,16,17,18,19",
+                                         ""]  # at most 10 a task; the 21st alone  # fmt: skip
+    assert got[2]["seed"] == 20
     for many in ({"nodes": 2}, {"gpus_per_node": 4}):
         got = plan_tasks.python_func(model="pqn", seeds=[0, 1], folds=art, fold_tasks=False,
                                      **many)  # fmt: skip

@@ -152,6 +152,8 @@ def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path, m
         TrainConfig(model="tlob", seeds=(0, 1))
     with pytest.raises(ValueError, match="distinct non-negative"):
         TrainConfig(seeds=(1, 1))
+    with pytest.raises(ValueError, match="at most 10"):
+        TrainConfig(seeds=tuple(range(11)))
     with pytest.raises(ValueError, match="gpus > 1"):
         TrainConfig(seeds=(0, 1), gpus=2)
     with pytest.raises(TrainError, match="train_seeds"):

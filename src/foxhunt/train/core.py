@@ -75,6 +75,7 @@ class TrainError(StepError):
 
 
 MODELS = tuple(AGENTS)  # TrainConfig.model's choices, each a config field of its own
+MAX_SEEDS = 10  # seeds side by side: their streams and capture streams stay within torch's 32
 
 
 @dataclass
@@ -168,6 +169,13 @@ class TrainConfig:
         if self.seeds:
             if min(self.seeds) < 0 or len(set(self.seeds)) != len(self.seeds):
                 raise ValueError(f"seeds = {self.seeds}: distinct non-negative integers")
+            if len(self.seeds) > MAX_SEEDS:
+                raise ValueError(
+                    f"seeds: {len(self.seeds)} side by side, at most {MAX_SEEDS}: each agent's "
+                    "graphs are captured on a CUDA stream of its own, from torch's 32 side "
+                    "streams taken in turn, so that no two share cuBLAS's workspace; split them "
+                    "over tasks (the pipeline: seeds_together=false)"
+                )
             if self.model in SUPERVISED:
                 raise ValueError(
                     f"seeds: {self.model} is a supervised model, whose dropout draws from "
