@@ -104,7 +104,7 @@ class TrainConfig:
     Each seed trains exactly as its own task with --seed would, into its own run directory,
     checkpoints, resume file and MLflow runs. The agents only (dqn, ppo, pqn: every draw of
     theirs comes from their own generator; the supervised models' dropout draws from torch's
-    global one)."""
+    global one); at most MAX_SEEDS (10)."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
