@@ -54,7 +54,7 @@ def train(
         done = train_seeds(dataclasses.replace(cfg, seeds=tuple(together)))
     else:
         done = [distributed.run_ranks(cfg) if gpus > 1 else run_train(cfg)]
-    for s, res in zip(together or [seed], done, strict=True):
+    tasks = list(zip(together or [seed], done, strict=True))
+    for s, res in tasks:
         print(f"seed {s}:\n{res.summary()}")
-    write_outputs([(s, r.run_dir) for s, r in zip(together or [seed], done, strict=True)],
-                  results.path, best_model, metrics)  # fmt: skip
+    write_outputs([(s, res.run_dir) for s, res in tasks], results.path, best_model, metrics)

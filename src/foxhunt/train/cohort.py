@@ -15,8 +15,8 @@ graph replays on its stream.
 The agents share the data and so its normaliser, which `reset_fold` fits on the fold's train
 range: a cohort trains one fold at a time (folds side by side would need a normaliser each).
 
-`train_epoch` and `each` are the pieces: `foxhunt train --seeds` (foxhunt.train.core's
-`_drive`) runs its seeds' tasks with them; `Cohort` puts them together for a script or a
+`foxhunt train --seeds` (foxhunt.train.core's `_drive`) runs its seeds' epochs with
+`train_epoch`; `Cohort` puts a fold, the epochs and the statistics together for a script or a
 benchmark (bench/bench_cohort.py).
 """
 
@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
+
+from foxhunt.train.agents.common import on_streams
 
 
 class Cohort:
@@ -76,28 +78,13 @@ class Cohort:
 def train_epoch(
     agents: Sequence, streams: Sequence | None, mark: Callable[[str], None] | None = None
 ) -> None:
-    """One epoch of `agents`: per round each one's collection, then each one's learning (`each`),
+    """One epoch of `agents`: per round each one's collection, then each one's learning (each
+    agent on its stream where there are streams: `on_streams`),
     with `mark("collect")` and `mark("learn")` after them (the training loop's phase clocks)."""
     for _ in range(agents[0].rounds):
-        each(agents, streams, lambda a: a.collect())
+        on_streams(agents, streams, lambda a: a.collect())
         if mark is not None:
             mark("collect")
-        each(agents, streams, lambda a: a.learn())
+        on_streams(agents, streams, lambda a: a.learn())
         if mark is not None:
             mark("learn")
-
-
-def each(agents: Sequence, streams: Sequence | None, fn: Callable) -> None:
-    """fn(agent) for every agent: on its own CUDA stream where `streams` are given (the current
-    stream waits for all of them before this returns), else one after another."""
-    if streams is None:
-        for a in agents:
-            fn(a)
-        return
-    main = torch.cuda.current_stream(agents[0].device)
-    for a, s in zip(agents, streams, strict=True):
-        s.wait_stream(main)
-        with torch.cuda.stream(s):
-            fn(a)
-    for s in streams:
-        main.wait_stream(s)

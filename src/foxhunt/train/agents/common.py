@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import time
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -229,6 +230,22 @@ def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> 
     with torch.no_grad():
         for k, v in cur.items():
             v.copy_(saved[k].to(v.device))
+
+
+def on_streams(items: Sequence, streams: Sequence | None, fn: Callable) -> None:
+    """fn(item) for every item: each on its own CUDA stream where `streams` are given (the
+    current stream waits for all of them before this returns), else one after another."""
+    if streams is None:
+        for x in items:
+            fn(x)
+        return
+    main = torch.cuda.current_stream(streams[0].device)
+    for x, s in zip(items, streams, strict=True):
+        s.wait_stream(main)
+        with torch.cuda.stream(s):
+            fn(x)
+    for s in streams:
+        main.wait_stream(s)
 
 
 def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, torch.cuda.CUDAGraph]:

@@ -334,8 +334,8 @@ class SupervisedAgent(AgentState):
 
         def predict() -> None:
             t = torch.randint(0, self.data.n, (PREDICT_BATCH,), device=self.device, generator=gen)
-            with self._evaluating(), self._autocast():
-                self.net(windows(self.data, t, cfg.window))
+            with self._evaluating():
+                self._forward(t)
 
         what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in training_only}
         what["predict_batch"] = PREDICT_BATCH  # sizes chosen without its room are not reused
@@ -485,8 +485,12 @@ class SupervisedAgent(AgentState):
             return self.predict_out[:n]
         if self.device.type == "cuda" and n < PREDICT_BATCH:  # the graph's shapes, eager
             t = torch.cat([t, t[-1:].expand(PREDICT_BATCH - n)])
+        return self._forward(t)[:n]
+
+    def _forward(self, t: torch.Tensor) -> torch.Tensor:
+        """The network over the windows ending at bars `t`, float32 (bf16 autocast aside)."""
         with self._autocast():
-            return self.net(windows(self.data, t, self.cfg.window)).float()[:n]
+            return self.net(windows(self.data, t, self.cfg.window)).float()
 
     def extra_metrics(self, lo: int, hi: int) -> dict[str, float]:
         """Classification metrics of the range's samples (after `prepare_eval`)."""
@@ -548,8 +552,7 @@ class SupervisedAgent(AgentState):
         t = self.predict_t = torch.zeros(PREDICT_BATCH, dtype=torch.long, device=self.device)
 
         def forward():
-            with self._autocast():
-                self.predict_out = self.net(windows(self.data, t, self.cfg.window)).float()
+            self.predict_out = self._forward(t)
 
         with self._evaluating():
             self.graphs.update(capture_graphs(self.device, forward, {"predict": forward}))

@@ -41,7 +41,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from foxhunt.train.agents.common import Capture, Precision, resolve_runtime
+from foxhunt.train.agents.common import Capture, Precision, on_streams, resolve_runtime
 from foxhunt.train.agents.supervised import (
     PREDICT_BATCH,
     SupervisedAgent,
@@ -280,17 +280,11 @@ class EnsembleAgent:
             for g in self.groups:
                 self._predict_group(g, lo, hi, out)
             return
-        main = torch.cuda.current_stream(self.device)
         groups = self.groups
         if self.cfg.parallel == "streams":
             groups = [[i] for i in range(len(self.members))]
         streams = [torch.cuda.Stream(self.device) for _ in groups]
-        for g, s in zip(groups, streams, strict=True):
-            s.wait_stream(main)
-            with torch.cuda.stream(s):
-                self._predict_group(g, lo, hi, out)
-        for s in streams:
-            main.wait_stream(s)
+        on_streams(groups, streams, lambda g: self._predict_group(g, lo, hi, out))
 
     def _predict_group(self, group: list[int], lo: int, hi: int, out: torch.Tensor) -> None:
         """Members of one architecture: one vmapped call over their stacked weights where the
