@@ -13,6 +13,7 @@ def bench(
     epochs: int = 10,
     repeats: int = 3,
     sets: str = "",
+    fxcache_key: str = "",
     baseline: str = "",
     find_batch: bool = False,
     plan_folds: int = 12,
@@ -26,7 +27,9 @@ def bench(
     and stability, the decision for the training plan; the Markdown summary in the Kubeflow
     UI, report.json as an artifact (and kept on the volume under bench/<run>), one MLflow run
     per workload. `baseline`: a report.json on the volume to gate against (the step fails on a
-    regression). `sets`: space-separated model.field=value."""
+    regression). `sets`: space-separated model.field=value. `fxcache_key`: train on that cache
+    of the volume (work_dir/fxcache/<key>, what precompute-features wrote) instead of the
+    standard synthetic market."""
     import math
     import shutil
     from pathlib import Path
@@ -40,6 +43,7 @@ def bench(
     cfg = BenchConfig(
         models=tuple(m for m in models.split(",") if m), epochs=epochs, repeats=repeats,
         set=tuple(sets.split()), baseline=Path(baseline) if baseline else None,
+        fxcache=Path(work_dir) / "fxcache" / fxcache_key if fxcache_key else None,
         find_batch=find_batch, out=out, tracking="mlflow",
         plan=TrainingPlan(folds=plan_folds, epochs=plan_epochs, seeds=plan_seeds,
                           deadline_hours=deadline_hours),

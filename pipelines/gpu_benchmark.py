@@ -31,6 +31,7 @@ def build_gpu_benchmark(
         epochs: int = 10,
         repeats: int = 3,
         sets: str = "",
+        fxcache_key: str = "",
         baseline: str = "",
         find_batch: bool = False,
         plan_folds: int = 12,
@@ -45,7 +46,7 @@ def build_gpu_benchmark(
     ):
         b = bench(
             work_dir=work_dir, models=models, epochs=epochs, repeats=repeats, sets=sets,
-            baseline=baseline, find_batch=find_batch, plan_folds=plan_folds,
+            fxcache_key=fxcache_key, baseline=baseline, find_batch=find_batch, plan_folds=plan_folds,
             plan_epochs=plan_epochs, plan_seeds=plan_seeds, deadline_hours=deadline_hours,
             cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 
 import pytest
 
@@ -102,3 +103,33 @@ def test_the_command_reports_compares_and_gates_a_planted_slowdown(tmp_path):
     assert len(g["failures"]) == 1 and g["failures"][0].startswith("dqn: median epoch")
     cmp_ = rep["workloads"]["dqn"]["compare"]  # B = the baseline's 4 steps, faster than A's 16
     assert cmp_["ratio_b_over_a"] < 0.7 and cmp_["p"] < 0.01
+
+
+def test_a_real_fxcache_as_the_workload(demo_es, tmp_path):
+    """`--fxcache` trains on the cache's bars (the demo's ES, 6 months), named in the report;
+    a folder holding no cache or several is refused, naming what is there."""
+    from foxhunt.bench.core import BenchError, bench_cache
+    from foxhunt.bench.workload import run_workload
+    from foxhunt.fxcache import FxCache
+    from foxhunt.fxcache.store import list_caches
+
+    (row,) = list_caches(demo_es[0])
+    bars = len(FxCache.open(row["path"]))
+    rep = run_bench(BenchConfig(models=("dqn",), epochs=2, warmup=0, repeats=1, in_process=True,
+                                threads=1, val_bars=500, fxcache=demo_es[0],
+                                out=tmp_path / "b"))  # fmt: skip
+    assert rep["data"] == {"fxcache": str(row["path"]), "key": row["key"], "bars": bars}
+    assert rep["workloads"]["dqn"]["status"] == "ok"
+    assert f"fxcache {row['key']} ({bars:,} bars)" in (tmp_path / "b" / "report.md").read_text()
+    spec = {"model": "pqn", "sets": {"envs": 64, "rollout_steps": 4, "rounds": 1},
+            "device": "cpu", "fxcache": str(row["path"]), "bars": 0, "val_bars": 300,
+            "warmup": 0, "epochs": 1}  # fmt: skip
+    assert run_workload(spec)["bars"] == bars != 20_000  # the cache's, not the synthetic default
+    with pytest.raises(BenchError, match="no fxcache there"):
+        bench_cache(tmp_path / "b")
+    two = tmp_path / "two"
+    for k in ("k1", "k2"):
+        shutil.copytree(row["path"], two / k)
+    with pytest.raises(BenchError, match=r"holds 2 caches \(k1, k2\): name one"):
+        bench_cache(two)
+    assert bench_cache(two / "k2") == (two / "k2", bars)

@@ -2,7 +2,8 @@
 the figure, its memory, whether it trains at all, and what it means for a training plan.
 
 For each model (every one `foxhunt train` knows, by default), `repeats` processes each build
-the model over the standard synthetic market (foxhunt.bench.workload), warm it up and time
+the model over the standard synthetic market or a real fxcache (`--fxcache`;
+foxhunt.bench.workload), warm it up and time
 `epochs` epochs. Their epochs are pooled and summarised (foxhunt.bench.stats: outliers beyond
 1.5 IQR excluded, mean with a Student-t 95% interval, median, P50/P95/P99 of the learning steps),
 and the spread of the per-process medians says how repeatable the figure is. A model whose
@@ -55,6 +56,10 @@ class BenchConfig:
     """Models to benchmark (any `foxhunt train --model`)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
     """auto: the GPU when there is one; on a CPU every workload runs at small sizes."""
+    fxcache: Path | None = None
+    """A real fxcache to train on instead of the synthetic market: a cache's folder, or a folder
+    holding exactly one (`foxhunt fxcache ls` lists them). Its bars in order: the first 60% are
+    the train range, the `val_bars` after them the val range; `bars` does not apply."""
     bars: int | None = None
     """Bars of the synthetic market (default: 2,000,000 on a GPU, the standard workload;
     20,000 on a CPU)."""
@@ -137,7 +142,8 @@ def _known_fields(model: str) -> set[str]:
     return {f.name for f in dataclasses.fields(AGENTS[model].load()[0])}
 
 
-def _spec(cfg: BenchConfig, model: str, sets: dict, device: str, label: str, r: int) -> dict:
+def _spec(cfg: BenchConfig, model: str, sets: dict, device: str, label: str, r: int,
+          cache: tuple[Path, int] | None = None) -> dict:
     gpu = device == "cuda"
     sets = dict(sets)
     if (
@@ -157,10 +163,28 @@ def _spec(cfg: BenchConfig, model: str, sets: dict, device: str, label: str, r: 
     snap = None
     if cfg.memory_snapshot and gpu:
         snap = str(cfg.out / f"memory-{model}-{label}-{r}.pickle")
-    return {"model": model, "sets": sets, "device": device, "bars": cfg.bars or
-            (2_000_000 if gpu else 20_000), "val_bars": cfg.val_bars or (100_000 if gpu else
-            2_000), "warmup": cfg.warmup, "epochs": cfg.epochs, "seed": 0,
+    bars = cache[1] if cache else cfg.bars or (2_000_000 if gpu else 20_000)
+    return {"model": model, "sets": sets, "device": device, "bars": bars,
+            "fxcache": str(cache[0]) if cache else None, "val_bars": cfg.val_bars or
+            (100_000 if gpu else 2_000), "warmup": cfg.warmup, "epochs": cfg.epochs, "seed": 0,
             "memory_snapshot": snap, "threads": cfg.threads}  # fmt: skip
+
+
+def bench_cache(path: Path) -> tuple[Path, int]:
+    """The fxcache `--fxcache` names (a cache's folder, or a folder holding one), checked once
+    here against its checksums (the workloads then map it unchecked), and its bars."""
+    from foxhunt.fxcache import FxCache
+    from foxhunt.fxcache.store import list_caches
+
+    rows = list_caches(Path(path))
+    if not rows:
+        raise BenchError(f"fxcache {path}: no fxcache there (`foxhunt fxcache ls` lists them)")
+    if len(rows) > 1:
+        keys = ", ".join(r["key"] for r in rows)
+        raise BenchError(f"fxcache {path} holds {len(rows)} caches ({keys}): name one, "
+                         f"{path}/<key>")  # fmt: skip
+    cache = FxCache.open(rows[0]["path"])
+    return cache.path, len(cache)
 
 
 def run_one(spec: dict, in_process: bool) -> dict:
@@ -297,18 +321,23 @@ def run_bench(cfg: BenchConfig) -> dict:
             raise BenchError(f"--set: {m} has no field(s) {sorted(bad)}")
         sets[m] = {k: v for k, v in s.items() if k in _known_fields(m)}
     variant = parse_sets(cfg.compare.split(), cfg.models) if cfg.compare else None
+    cache = bench_cache(cfg.fxcache) if cfg.fxcache else None
     cfg.out.mkdir(parents=True, exist_ok=True)
+    data = ({"fxcache": str(cache[0]), "key": cache[0].name, "bars": cache[1]} if cache else
+            {"synthetic": "the standard market", "bars": _spec(cfg, "dqn", {}, device, "a",
+                                                                 0)["bars"]})  # fmt: skip
     report: dict = {"hardware": hardware.detect(device), "device": device,
-                    "config": json.loads(json.dumps(asdict(cfg), default=str)),
+                    "config": json.loads(json.dumps(asdict(cfg), default=str)), "data": data,
                     "workloads": {}}  # fmt: skip
     for m in cfg.models:
         runs_a, runs_b = [], []
         for r in range(cfg.repeats):  # A and B interleaved: drifts hit both alike
-            runs_a.append(run_one(_spec(cfg, m, sets[m], device, "a", r), cfg.in_process))
+            runs_a.append(run_one(_spec(cfg, m, sets[m], device, "a", r, cache),
+                                  cfg.in_process))  # fmt: skip
             progress(m, "a", r, cfg.repeats, runs_a[-1])
             if variant is not None:
                 vb = {k: v for k, v in variant[m].items() if k in _known_fields(m)}
-                runs_b.append(run_one(_spec(cfg, m, sets[m] | vb, device, "b", r),
+                runs_b.append(run_one(_spec(cfg, m, sets[m] | vb, device, "b", r, cache),
                                       cfg.in_process))  # fmt: skip
                 progress(m, "b", r, cfg.repeats, runs_b[-1])
             # Each process as it ends, kept if the run is stopped before the workload's summary.
@@ -381,6 +410,12 @@ def row(model: str, w: dict) -> str:
             f"{_ms(w.get('step_s'), 'p99')} ms, spread {w['spread']:.1%}{extra}{cmp_}")  # fmt: skip
 
 
+def _data_line(data: dict) -> str:
+    if "fxcache" in data:
+        return f"fxcache {data['key']} ({data['bars']:,} bars)"
+    return f"the standard synthetic market ({data.get('bars', 0):,} bars)"
+
+
 def markdown(report: dict) -> str:
     h = report["hardware"]
     if h["kind"] == "gpu":
@@ -391,7 +426,7 @@ def markdown(report: dict) -> str:
     lines = [
         "# foxhunt bench",
         "",
-        f"{what}, torch {h['host']['torch']}.",
+        f"{what}, torch {h['host']['torch']}; {_data_line(report.get('data', {}))}.",
         "",
         "| model | status | train epoch, median (ms) | mean ± 95% CI (ms) | outliers | step "
         "P50 / P95 / P99 (ms) | run-to-run spread | env-steps/s | samples/s | peak VRAM (GB) |",

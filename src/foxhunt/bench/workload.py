@@ -123,8 +123,9 @@ def train_flops(agent) -> float | None:
 
 def run_workload(spec: dict) -> dict:
     """Build, warm up and time one workload; see the module doc. `spec`: model, sets (config
-    fields), device, bars, val_bars, warmup, epochs, seed, and optionally memory_snapshot (a
-    path for torch's memory snapshot of the timed epochs)."""
+    fields), device, bars, val_bars, warmup, epochs, seed, and optionally fxcache (a cache's
+    folder, mapped instead of the synthetic market, checked by the caller) and memory_snapshot
+    (a path for torch's memory snapshot of the timed epochs)."""
     from foxhunt.train.agents import AGENTS
     from foxhunt.train.data import MarketData
     from foxhunt.train.env import EnvConfig
@@ -132,8 +133,13 @@ def run_workload(spec: dict) -> dict:
 
     dev = torch.device(spec["device"])
     torch.manual_seed(spec.get("seed", 0))
-    n, val_bars = spec["bars"], spec["val_bars"]
-    data = MarketData(*standard_market(n, spec.get("data_seed", 0)), dev)
+    if spec.get("fxcache"):
+        from foxhunt.fxcache import FxCache
+
+        data = MarketData.from_fxcache(FxCache.open(spec["fxcache"], check=False), dev)
+    else:
+        data = MarketData(*standard_market(spec["bars"], spec.get("data_seed", 0)), dev)
+    n, val_bars = data.n, spec["val_bars"]
     train = (0, int(n * 0.6))
     val = (train[1], min(n - 2, train[1] + val_bars))
     cfg = model_config(spec["model"], spec.get("sets", {}))
@@ -225,7 +231,7 @@ def run_workload(spec: dict) -> dict:
     env_steps, samples = epoch_sizes(agent)
     flops = train_flops(agent)
     out = {
-        "model": spec["model"], "sets": spec.get("sets", {}),
+        "model": spec["model"], "sets": spec.get("sets", {}), "bars": n,
         "resolved": json.loads(json.dumps(dataclasses.asdict(agent.cfg), default=str)),
         "params": sum(p.numel() for p in agent.params) if hasattr(agent, "params") else None,
         "start": t, "epochs": epochs, "steps_s": steps_s,
