@@ -1,0 +1,131 @@
+"""A training plan end to end: 3 folds x 50 epochs of the standard workload through `foxhunt
+train`'s own path, timed from the process's start to its results, with a cold and then a warm
+compile cache.
+
+    python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
+                                                                 18: <= 30 s on one H200)
+    python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
+
+The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
+bars 9 s apart, so that the folds step (3 months of train, 1 of val, 1 of test, sliding by a
+month) cuts it into 3 folds of ~860k train bars. Two fresh processes in turn then run
+`run_train` over it at the model's GPU defaults (no MLflow, no baselines, no resume), sharing
+one compile cache folder: each maps the cache, uploads it once, builds, compiles and captures,
+and trains every fold with a validation pass each epoch, the best checkpoint and the test.
+Reported per process: seconds from its start to the end of its first epoch and to its results,
+the epochs' share, and the test Sharpe (which says nothing here: the market is noise).
+Prints a table; JSON to $OUT or /tmp.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from foxhunt.bench.workload import standard_market
+from foxhunt.folds import FoldsConfig, FoldSpec, run_folds
+from foxhunt.fxcache.store import publish
+
+BAR_NS = 9 * 10**9  # 2M bars 9 s apart: ~7 months, three 5-month folds sliding by a month
+
+CHILD = """
+import json, sys, time
+t0 = float(sys.argv[1])
+sys.path.insert(0, sys.argv[2])
+from pathlib import Path
+from foxhunt.bench.workload import model_config
+from foxhunt.train.core import TrainConfig, run_train
+cfg, marks = json.loads(sys.argv[3]), {}
+if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
+    cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
+cfg["fold_ids"] = tuple(cfg["fold_ids"])
+def on_epoch_end(fold, epoch):
+    marks.setdefault("first_epoch_s", time.time() - t0)
+    marks["epochs"] = marks.get("epochs", 0) + 1
+res = run_train(TrainConfig(folds=Path(cfg.pop("folds")), cache=Path(cfg.pop("cache")),
+                            out=Path(cfg.pop("out")), compile_cache=Path(cfg.pop("cc")),
+                            tracking="none", baselines=False, resume=False, **cfg),
+                on_epoch_end=on_epoch_end)
+print(json.dumps({"total_s": time.time() - t0, **marks, "upload_ms": res.upload_ms,
+                  "test_sharpe": res.aggregate["test_sharpe"], "folds": len(res.folds)}))
+"""
+
+
+def standard_cache(root: Path, n: int, months: tuple[int, int, int]) -> Path:
+    """The standard market as the fxcache `root/fxcache/<key>` and its folds file."""
+    feats, ofi, ohlc = standard_market(n)
+    ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * (
+        BAR_NS if n >= 1_000_000 else BAR_NS * 2_000_000 // n)
+    publish(root / "fxcache", "standard", {"features": feats, "ofi": ofi, "targets": ohlc,
+                                           "timestamps": ts},
+            {"symbol": "STD", "bar_size": "9s"})  # fmt: skip
+    train, val, test = months
+    spec = FoldSpec(train_months=train, val_months=val, test_months=test)
+    folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="STD",
+                                     out=root / "folds.json", spec=spec))  # fmt: skip
+    return folds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--model", default="dqn", choices=("dqn", "ppo", "pqn"))
+    ap.add_argument("--epochs", type=int, default=50)
+    ap.add_argument("--folds", type=int, default=3)
+    args = ap.parse_args()
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    out = Path(os.environ.get("OUT", "/tmp")) / "bench_plan.json"
+    smoke = args.cpu_smoke
+    n = 20_000 if smoke else 2_000_000
+    res: dict = {"model": args.model, "epochs": args.epochs, "bars": n}
+    with tempfile.TemporaryDirectory() as work:  # the cache (~0.5 GB at 2M bars), removed
+        root = Path(work)
+        t0 = time.perf_counter()
+        folds = standard_cache(root, n, (3, 1, 1))
+        doc = json.loads(folds.read_text())
+        fold_ids = [f["fold"] for f in doc["folds"]][: args.folds]
+        res["data_s"] = time.perf_counter() - t0
+        res["folds"] = [{k: f[k] for k in ("train_start", "train_end", "val_start", "test_end")}
+                        for f in doc["folds"][: args.folds]]  # fmt: skip
+        print(f"standard market as an fxcache, {len(fold_ids)} folds: {res['data_s']:.1f} s "
+              f"(not part of the figures)", flush=True)  # fmt: skip
+        cfg = {"folds": str(folds), "cache": str(root / "fxcache"), "cc": str(root / "cc"),
+               "model": args.model, "epochs": args.epochs, "fold_ids": fold_ids,
+               "device": "cpu" if smoke else "cuda"}  # fmt: skip
+        if smoke:
+            cfg[args.model] = ({"envs": 64, "batch_size": 64, "learn_steps": 8,
+                                "collect_steps": 8, "replay_capacity": 4096}
+                               if args.model == "dqn" else
+                               {"envs": 64, "rollout_steps": 8, "rounds": 1})  # fmt: skip
+        for phase in ("cold", "warm"):
+            p = subprocess.run(
+                [sys.executable, "-c", CHILD, str(time.time()), src,
+                 json.dumps(cfg | {"out": str(root / f"runs-{phase}")})],
+                capture_output=True, text=True, env=os.environ.copy(),
+            )  # fmt: skip
+            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+            r = json.loads(lines[-1]) if lines else {"error": p.stderr[-1500:]}
+            res[phase] = r
+            if "error" in r:
+                print(f"{phase}: FAILED {r['error']}", flush=True)
+            else:
+                print(f"{args.model} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
+                      f"compile cache: {r['total_s']:.1f} s from the process's start to its "
+                      f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
+                      f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
+            out.write_text(json.dumps(res, indent=1))
+    print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()
