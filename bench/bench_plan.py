@@ -65,7 +65,8 @@ def standard_cache(root: Path, n: int, months: tuple[int, int, int]) -> Path:
     """The standard market as the fxcache `root/fxcache/<key>` and its folds file."""
     feats, ofi, ohlc = standard_market(n)
     ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * (
-        BAR_NS if n >= 1_000_000 else BAR_NS * 2_000_000 // n)
+        BAR_NS if n >= 1_000_000 else BAR_NS * 2_000_000 // n
+    )
     publish(root / "fxcache", "standard", {"features": feats, "ofi": ofi, "targets": ohlc,
                                            "timestamps": ts},
             {"symbol": "STD", "bar_size": "9s"})  # fmt: skip

@@ -46,8 +46,9 @@ def build_gpu_benchmark(
     ):
         b = bench(
             work_dir=work_dir, models=models, epochs=epochs, repeats=repeats, sets=sets,
-            fxcache_key=fxcache_key, baseline=baseline, find_batch=find_batch, plan_folds=plan_folds,
-            plan_epochs=plan_epochs, plan_seeds=plan_seeds, deadline_hours=deadline_hours,
+            fxcache_key=fxcache_key, baseline=baseline, find_batch=find_batch,
+            plan_folds=plan_folds, plan_epochs=plan_epochs, plan_seeds=plan_seeds,
+            deadline_hours=deadline_hours,
             cloud_usd_per_gpu_hour=cloud_usd_per_gpu_hour,
             kfp_run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
         )  # fmt: skip

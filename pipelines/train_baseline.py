@@ -1,4 +1,5 @@
-"""train-baseline: ingest -> precompute -> folds -> train (a task per model and seed group) -> report.
+"""train-baseline: ingest -> precompute -> folds -> train (a task per model and seed group) ->
+report.
 
 How a task runs, by the run's parameters (each rerunnable from the Kubeflow UI):
     nodes = 1, gpus_per_node = 1   one pod, one GPU (the default)

@@ -581,7 +581,7 @@ def test_gpu_benchmark_runs_foxhunt_bench_on_a_gpu_node(compiled):
     params = doc["root"]["inputDefinitions"]["parameters"]
     assert params["models"]["defaultValue"] == "dqn,ppo,pqn,tlob,cfc,mamba2,tft"
     assert params["fxcache_key"]["defaultValue"] == ""  # the synthetic market unless a key
-    assert "fxcache=Path(work_dir) / \"fxcache\" / fxcache_key" in c["command"][-1]
+    assert 'fxcache=Path(work_dir) / "fxcache" / fxcache_key' in c["command"][-1]
     assert "SENTINEL" not in text
 
 

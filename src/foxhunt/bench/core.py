@@ -142,8 +142,15 @@ def _known_fields(model: str) -> set[str]:
     return {f.name for f in dataclasses.fields(AGENTS[model].load()[0])}
 
 
-def _spec(cfg: BenchConfig, model: str, sets: dict, device: str, label: str, r: int,
-          cache: tuple[Path, int] | None = None) -> dict:
+def _spec(
+    cfg: BenchConfig,
+    model: str,
+    sets: dict,
+    device: str,
+    label: str,
+    r: int,
+    cache: tuple[Path, int] | None = None,
+) -> dict:
     gpu = device == "cuda"
     sets = dict(sets)
     if (
