@@ -9,12 +9,14 @@ import pytest
 import torch
 
 from foxhunt.train.agents.dqn import (
+    IN_DIM,
     N_ACTIONS,
     DQNConfig,
     NoisyLinear,
     QNet,
     RainbowAgent,
     Replay,
+    acting_net,
     derived_support,
     project_c51,
     quantile_huber,
@@ -298,6 +300,7 @@ def test_quantile_huber_against_a_loop():
     [
         {},
         {"distribution": "iqn"},
+        {"distribution": "mean"},
         {"cql_alpha": 0.5},
         {"noisy": False, "epsilon": 0.1, "double_q": False},
     ],
@@ -315,6 +318,50 @@ def test_every_option_learns_a_finite_loss(opts):
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.params, strict=True))
     if opts.get("cql_alpha"):
         assert stats["losses/cql"] > 0
+
+
+def test_the_mean_head_regresses_on_the_double_q_target():
+    """`distribution = mean`: per sample 0.5 (Q(s, a) - (R + gamma^m Q_target(s', a')))^2 with
+    a' the online net's greedy action at s' (double Q), and |TD error| as the priority; the
+    targets recomputed here from the nets' outputs."""
+    cfg = tiny(distribution="mean", noisy=False, epsilon=0.1, gamma=0.7, n_step=2)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    agent.collect()
+    agent.learn()  # the target net now differs from the online one
+    idx = agent.replay.prio.nonzero()[:24, 0]  # complete transitions (never sampled: the rest)
+    B = len(idx)
+    loss, prio = agent._loss(idx, torch.ones(B))[:2]
+    f, i = agent.replay.fbuf[idx], agent.replay.ibuf[idx]
+    t, m = i[:, 0], i[:, 1]
+    acts = i[:, 2:].reshape(B, cfg.n_step, 3)
+    s = agent.state(t, agent.env.portfolio_of(t, f[:, 0], f[:, 1], f[:, 2]))
+    R, port2 = agent._replay_return(t, m, acts, f)
+    s2 = agent.state(t + m, port2)
+    with torch.no_grad():
+        q = agent.net(s)[:, :, 0]
+        a2 = agent.net(s2)[:, :, 0].argmax(1)
+        nxt = agent.target(s2)[torch.arange(B), a2, 0]
+    taken = acts[:, 0, 0] * 10 + acts[:, 0, 1] * 2 + acts[:, 0, 2]
+    td = q[torch.arange(B), taken] - (R + cfg.gamma ** m.float() * nxt)
+    assert torch.allclose(prio, td.abs(), rtol=1e-5, atol=1e-6)
+    assert float(loss) == pytest.approx(float((0.5 * td.square()).mean()), rel=1e-5)
+    assert m.max() == 2 and m.min() >= 1  # n-step transitions of both lengths were replayed
+
+
+@pytest.mark.parametrize("distribution", ["c51", "mean"])
+def test_the_served_policy_acts_as_the_trainer(distribution):
+    """A checkpoint's greedy policy outside the trainer (`acting_net`) picks the actions the
+    trainer's greedy policy picks, for each head."""
+    cfg = tiny(distribution=distribution, noisy=False, epsilon=0.1)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    agent.collect()
+    agent.learn()
+    state = torch.randn(64, IN_DIM)
+    want = agent.act(state, noise=False, net=agent._acting())
+    got = acting_net(cfg, {k: v.clone() for k, v in agent.weights().items()})(state)
+    assert torch.equal(got, want) and len(set(map(tuple, want.tolist()))) > 1
 
 
 @pytest.mark.parametrize("noisy", [False, True])

@@ -96,8 +96,10 @@ class DQNConfig:
     """Widths of the shared trunk's layers."""
     head_hidden: int = 128
     """Width of the hidden layer of the value stream and of each advantage branch."""
-    distribution: Literal["c51", "iqn"] = "c51"
-    """Return distribution: C51 (categorical, fixed atoms) or IQN (implicit quantiles)."""
+    distribution: Literal["c51", "iqn", "mean"] = "c51"
+    """Return distribution: C51 (categorical, fixed atoms), IQN (implicit quantiles), or none:
+    `mean` learns the expected return alone (one output an action, squared TD error, as DQN
+    before distributional RL)."""
     atoms: int = 51
     """C51: number of atoms of the support."""
     v_min: float | None = None
@@ -290,7 +292,7 @@ class QNet(nn.Module):
         super().__init__()
         self.cfg, self.n_act, self.align = cfg, n_actions, align
         self.iqn = cfg.distribution == "iqn"
-        self.out = 1 if self.iqn else cfg.atoms
+        self.out = cfg.atoms if cfg.distribution == "c51" else 1
         dims = (IN_DIM, *cfg.hidden)
         self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
         h, hh = dims[-1], cfg.head_hidden
@@ -351,11 +353,13 @@ class QNet(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- pieces
-def expected_q(out: torch.Tensor, z: torch.Tensor, iqn: bool) -> torch.Tensor:
-    """Expected return of every action, [B, A], from C51 logits [B, A, atoms] on support z or
-    IQN quantiles [B, K, A]."""
-    if iqn:
+def expected_q(out: torch.Tensor, z: torch.Tensor, distribution: str) -> torch.Tensor:
+    """Expected return of every action, [B, A], from C51 logits [B, A, atoms] on support z,
+    IQN quantiles [B, K, A] or the means themselves [B, A, 1]."""
+    if distribution == "iqn":
         return out.float().mean(1)
+    if distribution == "mean":
+        return out.float().squeeze(-1)
     return torch.matmul(F.softmax(out.float(), -1), z)
 
 
@@ -526,7 +530,7 @@ class RainbowAgent(AgentState):
 
     def q_values(self, out: torch.Tensor) -> torch.Tensor:
         """Expected return of every action, [B, A], from logits (C51) or quantiles (IQN)."""
-        return expected_q(out, self.z, self.cfg.distribution == "iqn")
+        return expected_q(out, self.z, self.cfg.distribution)
 
     def _taus(self, n: int) -> torch.Tensor | None:
         if self.cfg.distribution != "iqn":
@@ -681,6 +685,7 @@ class RainbowAgent(AgentState):
         with torch.no_grad():
             a2 = self.q_values(on2).argmax(-1, keepdim=True)  # [B, 1]
         clipped = torch.zeros((), device=self.device)
+        prio = None  # the replay priority: the loss per sample, or |TD error| for `mean`
         if cfg.distribution == "iqn":
             theta = out.float().gather(2, act[:, None, :].expand(-1, out.shape[1], -1))
             with torch.no_grad():
@@ -688,6 +693,13 @@ class RainbowAgent(AgentState):
                 target = R[:, None, None] + disc[:, :, None] * nxt  # [B, K', 1]
             per = quantile_huber(theta, target, taus)
             q_taken = theta.detach().mean()
+        elif cfg.distribution == "mean":
+            q = out.float()[:, :, 0].gather(1, act)[:, 0]
+            with torch.no_grad():
+                target = R + disc[:, 0] * tg2.float()[:, :, 0].gather(1, a2)[:, 0]
+            td = q - target
+            per, prio = 0.5 * td.square(), td.detach().abs()
+            q_taken = q.detach().mean()
         else:
             A = cfg.atoms
             logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
@@ -703,7 +715,7 @@ class RainbowAgent(AgentState):
             q = self.q_values(out)
             cql = (torch.logsumexp(q, -1) - q.gather(1, act)[:, 0]).mean()
             loss = loss + cfg.cql_alpha * cql
-        return loss, per.detach(), q_taken, cql.detach(), clipped
+        return loss, per.detach() if prio is None else prio, q_taken, cql.detach(), clipped
 
     def _learn_step(self) -> None:
         cfg = self.cfg
@@ -808,6 +820,6 @@ def acting_net(cfg: DQNConfig, tensors: dict[str, torch.Tensor]):
             taus = ((torch.arange(k) + 0.5) / k).expand(len(state), k)
         with torch.no_grad():
             out = net(state, taus, noise=False)
-        return joint[expected_q(out, z, iqn).argmax(-1)]
+        return joint[expected_q(out, z, cfg.distribution).argmax(-1)]
 
     return act
