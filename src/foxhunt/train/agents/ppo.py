@@ -36,27 +36,14 @@ from torch import nn
 
 from foxhunt.train.agents.common import (
     IN_DIM,
-    AgentState,
     Capture,
-    Observation,
     Precision,
-    autocast,
-    capture_restoring,
-    clip_and_step,
-    copy_weights,
-    ensure_adam_state,
-    flatten_into_views,
-    mark_step,
-    module_weights,
     resolve,
-    restart,
-    run_state,
-    start_fold,
 )
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import ONPOLICY_SIZES, Rollout, gae
+from foxhunt.train.agents.rollout import ONPOLICY_SIZES, OnPolicyAgent, gae
 from foxhunt.train.data import MarketData
-from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
+from foxhunt.train.env import BRANCHES, EnvConfig
 
 N_LOGITS = sum(BRANCHES)
 STATS = (
@@ -227,60 +214,23 @@ def clipped_losses(
 
 
 # ---------------------------------------------------------------------------------- agent
-class PPOAgent(AgentState):
-    """The trainer's state for one task: actor-critic, optimiser, rollout buffers, env, graphs."""
+class PPOAgent(OnPolicyAgent):
+    """PPO's state for one task: the actor-critic, and per rollout step the behaviour's log
+    probabilities and the critic's values (OnPolicyAgent has the rest)."""
 
     def __init__(self, cfg: PPOConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
-        dev = data.device
-        self.cfg = cfg = cfg.resolved(dev)
-        self.data, self.device = data, dev
-        torch.manual_seed(seed)  # the weights' initialisation
-        # Every draw of training comes from the agent's own generator (AgentState).
-        self.gen = torch.Generator(dev).manual_seed(seed)
-        self.net = ActorCritic(cfg.hidden).to(dev)
-        self.params = list(self.net.parameters())
-        self.flat = flatten_into_views(self.params)
-        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
-        self.lr = torch.full((), cfg.lr, device=dev)  # annealed in place, read by captured steps
-        gpu = dev.type == "cuda"
-        self.opt = torch.optim.Adam(
-            [self.flat], lr=self.lr, eps=cfg.adam_eps, capturable=gpu, foreach=False
+        super().__init__(
+            cfg, env_cfg, data, seed, lambda c: ActorCritic(c.hidden), len(STATS), cfg.adam_eps
         )
-        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
-        self.state = Observation(data)
+        cfg, dev = self.cfg, self.device
         T, E = cfg.rollout_steps, cfg.envs
-        self.roll = Rollout(T, E, dev)
         self.logp = torch.zeros(T, E, device=dev)
         self.value = torch.zeros(T, E, device=dev)
         self.next_value = torch.zeros(T, E, device=dev)
         self.u_act = torch.zeros(T, E, N_LOGITS, device=dev)
-        self.n = T * E
         self.micro = self.n // (cfg.minibatches * cfg.accumulate)
-        self.stats = torch.zeros(len(STATS), device=dev)
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
-        self.rounds = cfg.rounds
-        self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
-        self.total_rounds = 1
         if cfg.compile:
             self._micro_loss = torch.compile(self._micro_loss, dynamic=False)
-            self._step = torch.compile(self._step, dynamic=False)
-        ensure_adam_state(self.opt, self.flat)
-
-    def _autocast(self):
-        return autocast(self.cfg.precision, self.device)
-
-    # ------------------------------------------------------------------ fold
-    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
-        self.gen.manual_seed(seed)
-        restart(self.net, self.init_state, [self.stats], self.opt)
-        self.lr.fill_(self.cfg.lr)
-        self.round = 0
-        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs, self.gen)
-
-    def begin_epoch(self, epoch: int, epochs: int) -> None:
-        self.total_rounds = epochs * self.rounds
-        self.round = epoch * self.rounds
 
     # ------------------------------------------------------------------ rollout
     def _rollout(self) -> None:
@@ -305,14 +255,6 @@ class PPOAgent(AgentState):
             s[10:13] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
             s[13] += value.mean()
 
-    def collect(self) -> None:
-        self.roll.u.uniform_(generator=self.gen)
-        self.u_act.uniform_(generator=self.gen)
-        if "rollout" in self.graphs:
-            self.graphs["rollout"].replay()
-        else:
-            self._rollout()
-
     # ------------------------------------------------------------------ update
     def _micro_loss(self, bar, port, act, old_logp, adv, old_value, ret):
         cfg = self.cfg
@@ -325,10 +267,6 @@ class PPOAgent(AgentState):
         ent = ent.mean()
         loss = pg - cfg.ent_coef * ent + cfg.vf_coef * v_loss
         return loss, torch.stack([pg, v_loss, ent, kl, clipfrac]).detach()
-
-    def _step(self) -> torch.Tensor:
-        """Clip the gradient to the global norm, Adam; the norm before clipping."""
-        return clip_and_step(self.flat, self.opt, self.cfg.max_grad_norm)
 
     def _update(self) -> None:
         cfg, roll = self.cfg, self.roll
@@ -361,16 +299,6 @@ class PPOAgent(AgentState):
                 self.stats[5] += self._step()
         self.stats[14] += self.lr
 
-    def learn(self) -> None:
-        if self.cfg.anneal_lr:
-            self.lr.fill_(self.cfg.lr * (1.0 - self.round / max(self.total_rounds, 1)))
-        if "update" in self.graphs:
-            self.graphs["update"].replay()
-        else:
-            self._update()
-        mark_step(self.step_marks, self.device)  # a step here: one whole update
-        self.round += 1
-
     def read_stats(self) -> dict[str, float]:
         v = self.stats.tolist()
         self.stats.zero_()
@@ -401,31 +329,6 @@ class PPOAgent(AgentState):
         with torch.no_grad(), self._autocast():
             logits = self.net.actor(self.state(t, portfolio)).float()
         return mode(logits)
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        return module_weights(self.net)
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        copy_weights(self.weights(), weights)
-
-    # ------------------------------------------------------------------ capture
-    def capture(self) -> None:
-        """The rollout and the whole update as two CUDA graphs (the state is restored after
-        the warm-up: training from here on equals eager training)."""
-
-        def warmup():
-            self._rollout()
-            for _ in range(2):  # the first backward passes initialise autograd's state
-                self._update()
-
-        blocks = {"rollout": self._rollout, "update": self._update}
-        self.graphs.update(capture_restoring(self, warmup, blocks))
-
-    # ------------------------------------------------------------------ state
-    def _state_tensors(self) -> dict[str, torch.Tensor]:
-        st = module_weights(self.net) | run_state(self.env, self.opt, self.flat, self.data)
-        st["lr"], st["stats"] = self.lr, self.stats
-        return st
 
 
 # ---------------------------------------------------------------------------------- serving

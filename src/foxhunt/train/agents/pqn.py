@@ -27,27 +27,14 @@ from torch import nn
 
 from foxhunt.train.agents.common import (
     IN_DIM,
-    AgentState,
     Capture,
-    Observation,
     Precision,
-    autocast,
-    capture_restoring,
-    clip_and_step,
-    copy_weights,
-    ensure_adam_state,
-    flatten_into_views,
-    mark_step,
-    module_weights,
     resolve,
-    restart,
-    run_state,
-    start_fold,
 )
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import ONPOLICY_SIZES, Rollout, lambda_returns
+from foxhunt.train.agents.rollout import ONPOLICY_SIZES, OnPolicyAgent, lambda_returns
 from foxhunt.train.data import MarketData
-from foxhunt.train.env import JOINT, EnvConfig, TradingEnv, joint_table
+from foxhunt.train.env import JOINT, EnvConfig, joint_table
 
 N_ACTIONS = len(JOINT)
 STATS = (
@@ -141,70 +128,35 @@ class QNet(nn.Module):
 
 
 # ---------------------------------------------------------------------------------- agent
-class PQNAgent(AgentState):
-    """The trainer's state for one task: Q-network, optimiser, rollout buffers, env, graphs."""
+class PQNAgent(OnPolicyAgent):
+    """PQN's state for one task: the Q-network, the exploration rate and the next states'
+    values of a rollout (OnPolicyAgent has the rest)."""
 
     def __init__(self, cfg: PQNConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
-        dev = data.device
-        self.cfg = cfg = cfg.resolved(dev)
-        self.data, self.device = data, dev
-        torch.manual_seed(seed)  # the weights' initialisation
-        # Every draw of training comes from the agent's own generator (AgentState).
-        self.gen = torch.Generator(dev).manual_seed(seed)
-        self.net = QNet(cfg.hidden).to(dev)
-        self.params = list(self.net.parameters())
-        self.flat = flatten_into_views(self.params)
-        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
-        self.lr = torch.full((), cfg.lr, device=dev)
-        self.eps = torch.full((), cfg.eps_start, device=dev)
-        self.opt = torch.optim.Adam(
-            [self.flat], lr=self.lr, capturable=dev.type == "cuda", foreach=False
-        )
-        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
-        self.state = Observation(data)
+        super().__init__(cfg, env_cfg, data, seed, lambda c: QNet(c.hidden), len(STATS))
+        cfg, dev = self.cfg, self.device
         T, E = cfg.rollout_steps, cfg.envs
-        self.roll = Rollout(T, E, dev)
+        self.eps = torch.full((), cfg.eps_start, device=dev)
         self.next_q = torch.zeros(T, E, device=dev)
         self.u_act = torch.zeros(T, E, 2, device=dev)  # explore?, which random action
         self.joint = joint_table(dev)
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)  # branches -> joint index
-        self.n = T * E
         self.mb = self.n // cfg.minibatches
-        self.stats = torch.zeros(len(STATS), device=dev)
-        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
-        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
-        self.rounds = cfg.rounds
-        self.round, self.total_rounds = 0, 1
         if cfg.compile:
             self._loss = torch.compile(self._loss, dynamic=False)
-            self._step = torch.compile(self._step, dynamic=False)
-        ensure_adam_state(self.opt, self.flat)
-
-    def _autocast(self):
-        return autocast(self.cfg.precision, self.device)
 
     def _q(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self._autocast():
             return self.net(self.state(t, portfolio))
 
-    # ------------------------------------------------------------------ fold
-    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
-        self.gen.manual_seed(seed)
-        restart(self.net, self.init_state, [self.stats], self.opt)
-        self.round = 0
-        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs, self.gen)
-
-    def begin_epoch(self, epoch: int, epochs: int) -> None:
-        self.total_rounds = epochs * self.rounds
-        self.round = epoch * self.rounds
-
-    def _schedule(self) -> None:
-        """Epsilon and the learning rate for the coming round, set in place."""
+    def _schedule(self, frac: float) -> None:
+        """The learning rate (OnPolicyAgent) and epsilon, decayed linearly from eps_start to
+        eps_end over the first eps_decay of the fold's rounds."""
+        super()._schedule(frac)
         cfg = self.cfg
-        frac = self.round / max(self.total_rounds, 1)
-        eps = cfg.eps_start + (cfg.eps_end - cfg.eps_start) * min(1.0, frac / cfg.eps_decay)
-        self.eps.fill_(eps)
-        self.lr.fill_(cfg.lr * (1.0 - frac) if cfg.anneal_lr else cfg.lr)
+        self.eps.fill_(
+            cfg.eps_start + (cfg.eps_end - cfg.eps_start) * min(1.0, frac / cfg.eps_decay)
+        )
 
     # ------------------------------------------------------------------ rollout
     def _rollout(self) -> None:
@@ -226,24 +178,11 @@ class PQNAgent(AgentState):
             s[5] += done.sum()
             s[6:9] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
 
-    def collect(self) -> None:
-        self._schedule()
-        self.roll.u.uniform_(generator=self.gen)
-        self.u_act.uniform_(generator=self.gen)
-        if "rollout" in self.graphs:
-            self.graphs["rollout"].replay()
-        else:
-            self._rollout()
-
     # ------------------------------------------------------------------ update
     def _loss(self, bar, port, joint, target) -> torch.Tensor:
         with self._autocast():
             q = self.net(self.state(bar, port))
         return 0.5 * (q.gather(1, joint[:, None]).squeeze(1) - target).square().mean()
-
-    def _step(self) -> torch.Tensor:
-        """Clip the gradient to the global norm, Adam; the norm before clipping."""
-        return clip_and_step(self.flat, self.opt, self.cfg.max_grad_norm)
 
     def _update(self) -> None:
         cfg, roll = self.cfg, self.roll
@@ -264,14 +203,6 @@ class PQNAgent(AgentState):
                 self.stats[0:2] += torch.stack([loss.detach(), gn])
         self.stats[9] += self.eps
         self.stats[10] += self.lr
-
-    def learn(self) -> None:
-        if "update" in self.graphs:
-            self.graphs["update"].replay()
-        else:
-            self._update()
-        mark_step(self.step_marks, self.device)  # a step here: one whole update
-        self.round += 1
 
     def read_stats(self) -> dict[str, float]:
         v = self.stats.tolist()
@@ -297,30 +228,8 @@ class PQNAgent(AgentState):
     def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         return self.joint.index_select(0, self._q(t, portfolio).argmax(-1))
 
-    def weights(self) -> dict[str, torch.Tensor]:
-        return module_weights(self.net)
-
-    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
-        copy_weights(self.weights(), weights)
-
-    # ------------------------------------------------------------------ capture
-    def capture(self) -> None:
-        """The rollout and the whole update as two CUDA graphs (the state is restored after
-        the warm-up: training from here on equals eager training)."""
-
-        def warmup():
-            self._rollout()
-            for _ in range(2):  # the first backward passes initialise autograd's state
-                self._update()
-
-        blocks = {"rollout": self._rollout, "update": self._update}
-        self.graphs.update(capture_restoring(self, warmup, blocks))
-
-    # ------------------------------------------------------------------ state
     def _state_tensors(self) -> dict[str, torch.Tensor]:
-        st = module_weights(self.net) | run_state(self.env, self.opt, self.flat, self.data)
-        st["lr"], st["eps"], st["stats"] = self.lr, self.eps, self.stats
-        return st
+        return super()._state_tensors() | {"eps": self.eps}
 
 
 # ---------------------------------------------------------------------------------- serving

@@ -1,5 +1,6 @@
 """On-policy rollouts on the device, shared by PPO and PQN: E envs x T steps of the TradingEnv,
-and the two ways of turning them into targets (GAE for PPO, Q(lambda) returns for PQN).
+the two ways of turning them into targets (GAE for PPO, Q(lambda) returns for PQN), and the
+agent skeleton both train through (`OnPolicyAgent`: a round is one rollout and one update).
 
 A rollout stores what a step needs to be replayed, not the observations: bar indices and
 portfolio states (the market rows are gathered again from the device copy of the fxcache when a
@@ -11,9 +12,28 @@ terminal states: every step also keeps the state the env reached before a restar
 
 from __future__ import annotations
 
-import torch
+from collections.abc import Callable
 
-from foxhunt.train.env import TradingEnv
+import torch
+from torch import nn
+
+from foxhunt.train.agents.common import (
+    AgentState,
+    Observation,
+    autocast,
+    capture_restoring,
+    clip_and_step,
+    copy_weights,
+    ensure_adam_state,
+    flatten_into_views,
+    mark_step,
+    module_weights,
+    restart,
+    run_state,
+    start_fold,
+)
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig, TradingEnv
 
 # (GPU, CPU) defaults of PPO's and PQN's sizes left at None: 16,384 envs x 32 steps x 4 rounds
 # (2.1 M env steps an epoch, as the DQN's standard epoch collects 1.6 M) on a GPU.
@@ -96,3 +116,120 @@ def lambda_returns(
         run = reward[k] + gamma * boot
         out[k] = run
     return out
+
+
+class OnPolicyAgent(AgentState):
+    """The trainer's state for one task of an on-policy agent: its network (`make_net(cfg)`),
+    Adam over one flat buffer, the env, the rollout buffers, the rounds' learning-rate schedule
+    and the CUDA graphs of the rollout and the update. A subclass (PPO, PQN) adds `u_act` (the
+    uniform draws its actions take, refreshed each rollout) and defines `_rollout` (fill
+    `roll`), `_update` (learn from it), `read_stats` and `greedy`."""
+
+    u_act: torch.Tensor
+
+    def __init__(
+        self, cfg, env_cfg: EnvConfig, data: MarketData, seed: int,
+        make_net: Callable[..., nn.Module], n_stats: int, adam_eps: float = 1e-8,
+    ):  # fmt: skip
+        dev = data.device
+        self.cfg = cfg = cfg.resolved(dev)
+        self.data, self.device = data, dev
+        torch.manual_seed(seed)  # the weights' initialisation
+        # Every draw of training comes from the agent's own generator (AgentState).
+        self.gen = torch.Generator(dev).manual_seed(seed)
+        self.net = make_net(cfg).to(dev)
+        self.params = list(self.net.parameters())
+        self.flat = flatten_into_views(self.params)
+        self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        self.lr = torch.full((), cfg.lr, device=dev)  # set per round, read by captured steps
+        self.opt = torch.optim.Adam(
+            [self.flat], lr=self.lr, eps=adam_eps, capturable=dev.type == "cuda", foreach=False
+        )
+        self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
+        self.state = Observation(data)
+        self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)
+        self.n = cfg.rollout_steps * cfg.envs
+        self.stats = torch.zeros(n_stats, device=dev)
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
+        self.rounds = cfg.rounds
+        self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
+        self.total_rounds = 1
+        if cfg.compile:
+            self._step = torch.compile(self._step, dynamic=False)
+        ensure_adam_state(self.opt, self.flat)
+
+    def _autocast(self):
+        return autocast(self.cfg.precision, self.device)
+
+    # ------------------------------------------------------------------ fold
+    def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
+        self.gen.manual_seed(seed)
+        restart(self.net, self.init_state, [self.stats], self.opt)
+        self.lr.fill_(self.cfg.lr)
+        self.round = 0
+        start_fold(self.data, self.env, train_lo, train_hi, self.cfg.envs, self.gen)
+
+    def begin_epoch(self, epoch: int, epochs: int) -> None:
+        self.total_rounds = epochs * self.rounds
+        self.round = epoch * self.rounds
+
+    def _schedule(self, frac: float) -> None:
+        """The coming round's settings, in place, at `frac` of the fold's rounds: the learning
+        rate annealed linearly to 0 (`anneal_lr`)."""
+        cfg = self.cfg
+        self.lr.fill_(cfg.lr * (1.0 - frac) if cfg.anneal_lr else cfg.lr)
+
+    # ------------------------------------------------------------------ a round
+    def _rollout(self) -> None:
+        raise NotImplementedError
+
+    def _update(self) -> None:
+        raise NotImplementedError
+
+    def collect(self) -> None:
+        self._schedule(self.round / max(self.total_rounds, 1))
+        self.roll.u.uniform_(generator=self.gen)
+        self.u_act.uniform_(generator=self.gen)
+        if "rollout" in self.graphs:
+            self.graphs["rollout"].replay()
+        else:
+            self._rollout()
+
+    def _step(self) -> torch.Tensor:
+        """Clip the gradient to the global norm, Adam; the norm before clipping."""
+        return clip_and_step(self.flat, self.opt, self.cfg.max_grad_norm)
+
+    def learn(self) -> None:
+        if "update" in self.graphs:
+            self.graphs["update"].replay()
+        else:
+            self._update()
+        mark_step(self.step_marks, self.device)  # a step here: one whole update
+        self.round += 1
+
+    # ------------------------------------------------------------------ weights
+    def weights(self) -> dict[str, torch.Tensor]:
+        return module_weights(self.net)
+
+    def load_weights(self, weights: dict[str, torch.Tensor]) -> None:
+        copy_weights(self.weights(), weights)
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """The rollout and the whole update as two CUDA graphs (the state is restored after
+        the warm-up: training from here on equals eager training)."""
+
+        def warmup():
+            self._rollout()
+            for _ in range(2):  # the first backward passes initialise autograd's state
+                self._update()
+
+        blocks = {"rollout": self._rollout, "update": self._update}
+        self.graphs.update(capture_restoring(self, warmup, blocks))
+
+    # ------------------------------------------------------------------ state
+    def _state_tensors(self) -> dict[str, torch.Tensor]:
+        st = module_weights(self.net) | run_state(self.env, self.opt, self.flat, self.data)
+        st["lr"], st["stats"] = self.lr, self.stats
+        return st
