@@ -3,6 +3,8 @@ against one agent's, on the standard workload (../shared/bench/README.md: 2,000,
 model's GPU defaults).
 
     python3 bench/bench_cohort.py                   on a CUDA device (goal: 8 agents <= 2x one)
+    python3 bench/bench_cohort.py --sizes demo      the demo's sizes (512 DQN envs, batch 256):
+                                                    agents small enough to share the GPU
     python3 bench/bench_cohort.py --cpu-smoke       tiny sizes on the CPU: checks the script runs
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
@@ -18,6 +20,7 @@ last epoch the same in each form, agent 0's the same as the lone agent's); JSON 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -30,6 +33,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import model_config, standard_market
+from foxhunt.train import demo
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.cohort import Cohort
 from foxhunt.train.data import MarketData
@@ -41,11 +45,10 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def time_form(model: str, sets: dict, data: MarketData, k: int, streams: bool, args) -> dict:
+def time_form(model: str, cfg, data: MarketData, k: int, streams: bool, args) -> dict:
     dev = data.device
     t0 = time.perf_counter()
-    agents = [AGENTS[model].load()[1](model_config(model, sets), EnvConfig(), data, seed=s)
-              for s in range(k)]  # fmt: skip
+    agents = [AGENTS[model].load()[1](cfg, EnvConfig(), data, seed=s) for s in range(k)]
     cohort = Cohort(agents, streams=streams)
     if agents[0].cfg.capture == "graph":
         cohort.capture()
@@ -79,6 +82,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--sizes", choices=("default", "demo"), default="default",
+                    help="the model's GPU defaults (the standard workload) or the demo's sizes "
+                    "(foxhunt.train.demo: 512 DQN envs, batch 256, ...)")  # fmt: skip
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
@@ -91,14 +97,17 @@ def main() -> None:
                  "replay_capacity": 8192, "rollout_steps": 8}  # fmt: skip
         known = {f for f in model_config(args.model, {}).__dataclass_fields__}
         sets |= {k: v for k, v in small.items() if k in known}
+    cfg = model_config(args.model, sets)
+    if args.sizes == "demo":  # the demo's config, captured (and compiled) as on a GPU
+        cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
     forms = [("one agent", 1, False), (f"{args.agents} sequential", args.agents, False)]
     if dev.type == "cuda":
         forms.append((f"{args.agents} streams", args.agents, True))
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     res: dict = {"device": name, "torch": torch.__version__, "model": args.model,
-                 "compile": args.compile, "forms": {}}  # fmt: skip
+                 "compile": args.compile, "sizes": args.sizes, "forms": {}}  # fmt: skip
     for label, k, streams in forms:
-        r = time_form(args.model, sets, data, k, streams, args)
+        r = time_form(args.model, cfg, data, k, streams, args)
         res["forms"][label] = r | {"agents": k}
         one = res["forms"]["one agent"]["median_s"]
         print(f"{label:14s} epoch {r['median_s'] * 1e3:8.1f} ms = {r['median_s'] / one:5.2f}x one "
