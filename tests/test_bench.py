@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -133,3 +134,46 @@ def test_a_real_fxcache_as_the_workload(demo_es, tmp_path):
     with pytest.raises(BenchError, match=r"holds 2 caches \(k1, k2\): name one"):
         bench_cache(two)
     assert bench_cache(two / "k2") == (two / "k2", bars)
+
+
+def test_peak_vram_is_the_training_phases_with_a_larger_build_beside():
+    """The table's VRAM is what training holds; the build (where the supervised sizer probes
+    batches it then rejects) shows beside it only when it was higher."""
+    from foxhunt.bench.core import markdown, vram_gb
+
+    gb = 10**9
+    w = {"status": "ok", "spread": 0.0, "train_s": {"median": 1.0, "mean": 1.0, "ci95": 0.0,
+                                                    "outliers": 0},
+         "memory_peak_bytes": {"build": 67 * gb, "capture": 27 * gb, "learn": gb}}  # fmt: skip
+    assert vram_gb(w) == (27.0, 67.0)
+    rep = {"hardware": {"kind": "cpu", "name": "x", "threads": 2, "host": {"torch": "t"}},
+           "data": {"synthetic": "the standard market", "bars": 10},
+           "workloads": {"tft": w}}  # fmt: skip
+    assert "| 27.00 (build 67.00) |" in markdown(rep)
+    w["memory_peak_bytes"]["build"] = 2 * gb
+    assert vram_gb(w) == (27.0, 2.0) and "| 27.00 |" in markdown(rep)
+
+
+def test_one_mlflow_run_per_workload(tmp_path, monkeypatch):
+    """With tracking, each model's figures land in the experiment foxhunt-bench as a run of its
+    own: settings as parameters, the epoch statistics, memory and RSS as metrics, the workload's
+    JSON as an artifact."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    rep = run_bench(BenchConfig(models=("pqn", "dqn"), epochs=2, warmup=0, repeats=1,
+                                in_process=True, threads=1, bars=3000, val_bars=300,
+                                tracking="mlflow", out=tmp_path / "b"))  # fmt: skip
+    client = mlflow.MlflowClient(uri)
+    exp = client.get_experiment_by_name("foxhunt-bench")
+    runs = {r.data.tags["model"]: r for r in client.search_runs([exp.experiment_id])}
+    assert set(runs) == {"pqn", "dqn"}
+    for m, r in runs.items():
+        w = rep["workloads"][m]
+        assert r.info.status == "FINISHED" and r.data.params["model"] == m
+        assert r.data.params["data.bars"] == "3000"  # which market it ran on
+        assert r.data.metrics["epoch_median_s"] == pytest.approx(w["train_s"]["median"])
+        assert r.data.metrics["host_rss_gb"] == pytest.approx(w["host_rss_bytes"] / 1e9)
+        art = client.download_artifacts(r.info.run_id, "workload.json", str(tmp_path / m))
+        assert json.loads(Path(art).read_text())["status"] == "ok"

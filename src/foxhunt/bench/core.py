@@ -417,6 +417,15 @@ def row(model: str, w: dict) -> str:
             f"{_ms(w.get('step_s'), 'p99')} ms, spread {w['spread']:.1%}{extra}{cmp_}")  # fmt: skip
 
 
+def vram_gb(w: dict) -> tuple[float, float]:
+    """Peak GPU memory (GB) of a workload's training phases (fold reset, capture, collection,
+    learning, evaluation) and of its build, where the supervised models' sizer probes larger
+    batches than it keeps."""
+    peaks = w.get("memory_peak_bytes", {})
+    train = max((v for k, v in peaks.items() if k != "build"), default=0)
+    return train / 1e9, peaks.get("build", 0) / 1e9
+
+
 def _data_line(data: dict) -> str:
     if "fxcache" in data:
         return f"fxcache {data['key']} ({data['bars']:,} bars)"
@@ -436,7 +445,8 @@ def markdown(report: dict) -> str:
         f"{what}, torch {h['host']['torch']}; {_data_line(report.get('data', {}))}.",
         "",
         "| model | status | train epoch, median (ms) | mean ± 95% CI (ms) | outliers | step "
-        "P50 / P95 / P99 (ms) | run-to-run spread | env-steps/s | samples/s | peak VRAM (GB) |",
+        "P50 / P95 / P99 (ms) | run-to-run spread | env-steps/s | samples/s | peak VRAM, "
+        "training (GB) |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for m, w in report["workloads"].items():
@@ -445,14 +455,15 @@ def markdown(report: dict) -> str:
             lines.append(f"| {m} | {w['status']}: {why} | | | | | | | | |")
             continue
         e, s = w["train_s"], w.get("step_s")
-        vram = max(w["memory_peak_bytes"].values(), default=0) / 1e9
+        train_gb, build_gb = vram_gb(w)
+        vram = f"{train_gb:.2f}" + (f" (build {build_gb:.2f})" if build_gb > train_gb else "")
         steps = f"{_ms(s, 'p50')} / {_ms(s, 'p95')} / {_ms(s, 'p99')}" if s else "-"
         eps = f"{w['env_steps_per_s'] / 1e6:.2f} M" if w.get("env_steps_per_s") else "-"
         sps = f"{w['samples_per_s'] / 1e6:.2f} M" if w.get("samples_per_s") else "-"
         lines.append(
             f"| {m} | ok | {e['median'] * 1e3:.1f} | {e['mean'] * 1e3:.1f} ± "
             f"{e['ci95'] * 1e3:.1f} | {e['outliers']} | {steps} | {w['spread']:.1%} | {eps} | "
-            f"{sps} | {vram:.2f} |"
+            f"{sps} | {vram} |"
         )
     cmps = {m: w for m, w in report["workloads"].items() if "compare" in w}
     if cmps:
@@ -494,7 +505,8 @@ def log_mlflow(report: dict) -> None:
         rid = run.info.run_id
         log_params(client, rid, {"model": m, "hardware": {k: v for k, v in h.items()
                                                           if k != "host"},
-                                 "resolved": w.get("resolved", {})})  # fmt: skip
+                                 "resolved": w.get("resolved", {}),
+                                 "data": report.get("data", {})})  # fmt: skip
         if w["status"] == "ok":
             metrics = {"epoch_median_s": w["train_s"]["median"], "epoch_mean_s":
                        w["train_s"]["mean"], "epoch_ci95_s": w["train_s"]["ci95"],
@@ -504,6 +516,8 @@ def log_mlflow(report: dict) -> None:
                     metrics[k] = w[k]
             if "step_s" in w:
                 metrics |= {f"step_{q}_s": w["step_s"][q] for q in ("p50", "p95", "p99")}
+            metrics |= {f"vram_peak_{k}_gb": v / 1e9 for k, v in w["memory_peak_bytes"].items()}
+            metrics["host_rss_gb"] = w["host_rss_bytes"] / 1e9
             for k, v in metrics.items():
                 client.log_metric(rid, k, float(v))
         client.log_text(rid, json.dumps(w, default=str, indent=1), "workload.json")
