@@ -320,6 +320,27 @@ def test_every_option_learns_a_finite_loss(opts):
         assert stats["losses/cql"] > 0
 
 
+def test_epsilon_anneals_over_the_first_part_of_the_fold():
+    """epsilon_start -> epsilon linearly over the first epsilon_decay of the epochs, then flat;
+    collection explores at that rate (every random action is uniform over the 30)."""
+    cfg = tiny(noisy=False, epsilon=0.05, epsilon_start=1.0, epsilon_decay=0.25, envs=64)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    got = []
+    for e in range(8):
+        agent.begin_epoch(e, 8)
+        got.append(float(agent.eps))
+    assert got == pytest.approx([1.0, 0.525] + [0.05] * 6)
+    agent.begin_epoch(0, 8)
+    agent.collect()  # epsilon 1: every action random, about uniform over the 30
+    stats = agent.read_stats()
+    shares = [stats[f"charts/collect_{d}"] for d in ("short", "flat", "long")]
+    assert shares == pytest.approx([1 / 3] * 3, abs=0.1)
+    flat = RainbowAgent(tiny(noisy=False, epsilon=0.1), EnvConfig(), random_data(), seed=0)
+    flat.begin_epoch(0, 8)
+    assert float(flat.eps) == pytest.approx(0.1)  # no schedule: epsilon throughout
+
+
 def test_the_mean_head_regresses_on_the_double_q_target():
     """`distribution = mean`: per sample 0.5 (Q(s, a) - (R + gamma^m Q_target(s', a')))^2 with
     a' the online net's greedy action at s' (double Q), and |TD error| as the priority; the

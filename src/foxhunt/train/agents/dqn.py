@@ -136,7 +136,13 @@ class DQNConfig:
     reward_scale: float = 1e4
     """Rewards (returns as fractions of notional) are learned in basis points by default."""
     epsilon: float = 0.1
-    """Probability of a uniformly random joint action while collecting (0 with noisy nets)."""
+    """Probability of a uniformly random joint action while collecting (0 with noisy nets); with
+    `epsilon_start`, the value the schedule ends at."""
+    epsilon_start: float | None = None
+    """Epsilon at the start of a fold, annealed linearly to `epsilon` over the first
+    `epsilon_decay` of the fold's epochs (None: `epsilon` throughout)."""
+    epsilon_decay: float = 0.25
+    """Fraction of the fold's epochs over which epsilon anneals (with `epsilon_start`)."""
     envs: int | None = None
     """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
     collect_steps: int | None = None
@@ -203,6 +209,9 @@ class DQNConfig:
             )
         need(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
         need(0.0 <= self.epsilon <= 1.0, "epsilon", "must be in [0, 1]")
+        need(self.epsilon_start is None or 0.0 <= self.epsilon_start <= 1.0, "epsilon_start",
+             "must be in [0, 1]")  # fmt: skip
+        need(0.0 < self.epsilon_decay <= 1.0, "epsilon_decay", "must be in (0, 1]")
         need(0.0 <= self.per_beta <= 1.0, "per_beta", "must be in [0, 1]")
         need(0.0 < self.tau <= 1.0, "tau", "must be in (0, 1]")
         for k in ("noisy_sigma0", "cql_alpha", "per_alpha"):
@@ -512,6 +521,7 @@ class RainbowAgent(AgentState):
         self.h_v = torch.zeros(n, E, dtype=torch.bool, device=dev)
         self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
+        self.eps = torch.full((), cfg.epsilon, device=dev)  # set per epoch (begin_epoch)
         self.state = Observation(data)  # state(t, portfolio) -> [B, IN_DIM]
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
         # Branch indices -> joint index: direction * 10 + size * 2 + order type.
@@ -564,9 +574,15 @@ class RainbowAgent(AgentState):
 
     def begin_epoch(self, epoch: int, epochs: int) -> None:
         """PER's importance exponent beta, annealed linearly from per_beta to 1 at the last
-        epoch (Schaul et al. 2016)."""
+        epoch (Schaul et al. 2016), and epsilon's schedule (`epsilon_start`)."""
+        cfg = self.cfg
         frac = epoch / max(epochs - 1, 1)
-        self.replay.beta.fill_(self.cfg.per_beta + (1.0 - self.cfg.per_beta) * frac)
+        self.replay.beta.fill_(cfg.per_beta + (1.0 - cfg.per_beta) * frac)
+        eps = cfg.epsilon
+        if cfg.epsilon_start is not None:
+            left = max(0.0, 1.0 - epoch / max(epochs, 1) / cfg.epsilon_decay)
+            eps += (cfg.epsilon_start - cfg.epsilon) * left
+        self.eps.fill_(eps)
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
@@ -607,9 +623,9 @@ class RainbowAgent(AgentState):
         elif cfg.noisy:
             self.net.reset_noise(self.gen)
         a = self.act_joint(self.state(t, env.portfolio()), noise=noise)
-        if cfg.epsilon > 0:
+        if cfg.epsilon > 0 or cfg.epsilon_start:
             rnd = (u[:, 1] * len(JOINT)).long().clamp(max=len(JOINT) - 1)
-            a = torch.where(u[:, 0] < cfg.epsilon, rnd, a)
+            a = torch.where(u[:, 0] < self.eps, rnd, a)
         ab = self.joint.index_select(0, a)
         _, reward, filled, done = env.step(ab[:, 0], ab[:, 1], ab[:, 2], u[:, 4])
         # Shift the n-step history and append this step.
