@@ -341,26 +341,6 @@ def test_epsilon_anneals_over_the_first_part_of_the_fold():
     assert float(flat.eps) == pytest.approx(0.1)  # no schedule: epsilon throughout
 
 
-def test_acting_with_a_slower_average_of_the_online_weights():
-    """act_with = average: a Polyak average at act_tau beside the target network at tau, both
-    from the fold's initial weights; the greedy policy and the checkpoint's weights are the
-    average's, and a fold reset puts it back to the initial weights."""
-    cfg = tiny(noisy=False, act_with="average", act_tau=0.01, tau=0.2, learn_steps=1)
-    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
-    agent.reset_fold(0, 400, seed=0)
-    start = agent.flat.detach().clone()
-    agent.collect()
-    agent.learn()
-    after = agent.flat.detach()
-    assert torch.allclose(agent.avg_flat, start + 0.01 * (after - start), atol=1e-7)
-    assert torch.allclose(agent.target_flat, start + 0.2 * (after - start), atol=1e-7)
-    avg = dict(agent.avg.state_dict())
-    assert all(torch.equal(v, avg[k[4:]]) for k, v in agent.weights().items() if k != "support.z")
-    assert "avg.head.weight" in agent.snapshot()  # resumed with the run
-    agent.reset_fold(0, 400, seed=1)
-    assert torch.equal(agent.avg_flat, start)
-
-
 def test_the_mean_head_regresses_on_the_double_q_target():
     """`distribution = mean`: per sample 0.5 (Q(s, a) - (R + gamma^m Q_target(s', a')))^2 with
     a' the online net's greedy action at s' (double Q), and |TD error| as the priority; the

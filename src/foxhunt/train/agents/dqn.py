@@ -165,14 +165,11 @@ class DQNConfig:
     """Global gradient-norm clip."""
     tau: float = 0.005
     """Soft target update rate per learning step."""
-    act_with: Literal["online", "target", "average"] = "target"
+    act_with: Literal["online", "target"] = "target"
     """The network the greedy policy (evaluation, checkpoints) acts with: the target network, a
     Polyak average of the online weights over ~1/tau steps (the default: on the demo market it
-    earned more with less spread between seeds, costs on and off, docs/performance.md), the
-    online network itself, or a slower average of it kept for acting alone (`act_tau`)."""
-    act_tau: float = 0.002
-    """With act_with = average: its Polyak rate per learning step (an average over ~1/act_tau
-    steps), while the target network keeps `tau`."""
+    earned more with less spread between seeds, costs on and off, docs/performance.md), or the
+    online network itself."""
     precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
     projection and the losses stay float32."""
@@ -217,7 +214,6 @@ class DQNConfig:
         need(0.0 < self.epsilon_decay <= 1.0, "epsilon_decay", "must be in (0, 1]")
         need(0.0 <= self.per_beta <= 1.0, "per_beta", "must be in [0, 1]")
         need(0.0 < self.tau <= 1.0, "tau", "must be in (0, 1]")
-        need(0.0 < self.act_tau <= 1.0, "act_tau", "must be in (0, 1]")
         for k in ("noisy_sigma0", "cql_alpha", "per_alpha"):
             need(getattr(self, k) >= 0.0, k, "must not be negative")
         for k in ("reward_scale", "lr", "adam_eps", "grad_clip"):
@@ -499,10 +495,6 @@ class RainbowAgent(AgentState):
         self.flat = flatten_into_views(self.params)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.target_flat = flatten_into_views(list(self.target.parameters()))
-        self.avg = None  # the acting average (act_with = average)
-        if cfg.act_with == "average":
-            self.avg = copy.deepcopy(self.net).requires_grad_(False)
-            self.avg_flat = flatten_into_views(list(self.avg.parameters()))
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         # Adam's foreach form is what inductor fuses when compiled; uncompiled on a GPU the
         # one-op-at-a-time form runs full-grid kernels over the flat buffer and is faster.
@@ -566,7 +558,7 @@ class RainbowAgent(AgentState):
         return self.joint.index_select(0, self.act_joint(state, noise, net))
 
     def _acting(self):
-        return {"target": self.target, "average": self.avg}.get(self.cfg.act_with, self.net)
+        return self.target if self.cfg.act_with == "target" else self.net
 
     def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         """The evaluation policy: greedy on the mean weights (no noise) of the acting network
@@ -600,9 +592,8 @@ class RainbowAgent(AgentState):
         self.gen.manual_seed(seed)
         if self._reset_lists is None:
             self.ensure_optimizer_state()
-            copies = [self.target] + ([self.avg] if self.avg is not None else [])
-            nets = [v for m in (self.net, *copies) for v in m.state_dict().values()]
-            init = [*self.init_state.values()] * (1 + len(copies))
+            nets = [*self.net.state_dict().values(), *self.target.state_dict().values()]
+            init = [*self.init_state.values(), *self.init_state.values()]
             zero = [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
             zero += [self.replay.prio, self.replay.ptr, self.h_i, self.h_s, self.h_d, self.h_v]
             zero += [self.stats]
@@ -766,8 +757,6 @@ class RainbowAgent(AgentState):
         gn = clip_and_step(self.flat, self.opt, self.cfg.grad_clip)
         with torch.no_grad():
             self.target_flat.lerp_(self.flat, self.cfg.tau)
-            if self.avg is not None:
-                self.avg_flat.lerp_(self.flat, self.cfg.act_tau)
         return gn
 
     def learn(self) -> None:
@@ -817,8 +806,6 @@ class RainbowAgent(AgentState):
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         st = module_weights(self.net)
         st |= {f"target.{k}": v for k, v in self.target.state_dict().items()}
-        if self.avg is not None:
-            st |= {f"avg.{k}": v for k, v in self.avg.state_dict().items()}
         st |= run_state(self.env, self.opt, self.flat, self.data)
         for k in ("fbuf", "ibuf", "prio", "ptr", "max_prio", "beta"):
             st[f"replay.{k}"] = getattr(self.replay, k)
