@@ -238,9 +238,9 @@ def main() -> None:
 
 
 def fused_expected_q(out: torch.Tensor, z: torch.Tensor, distribution: str) -> torch.Tensor:
-    """dqn.expected_q with C51's expectation as a multiply-and-sum over the atoms: compiled, the
-    softmax and the sum are one kernel that reads the logits once (the matmul form writes the
-    float32 probabilities for cuBLAS's gemv, which reads them back)."""
+    """dqn.expected_q with C51's expectation as a multiply-and-sum over the atoms, a reduction
+    inductor fuses with the softmax (the matmul form is a matrix-vector product that inductor
+    may or may not fuse: the H200 profile shows one fused kernel of 76 us for it)."""
     if distribution != "c51":
         return dqn_module.expected_q(out, z, distribution)
     return (F.softmax(out.float(), -1) * z).sum(-1)
