@@ -4,7 +4,7 @@
                                    [--costs on,off] [--jobs 2] [--device cpu|cuda]
                                    [--sizes demo|default] [--set pqn.gamma=0.95 ...]
 
-(after `make run`; on 2 cores with --jobs 2, about 8 minutes for the three models, three seeds
+(after `make run`; on 2 cores with --jobs 2, about 12 minutes for the three models, three seeds
 and both cost settings.)
 
 Trains each model with the demo settings (foxhunt.train.demo; `--sizes default` takes each

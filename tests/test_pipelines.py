@@ -263,7 +263,10 @@ def test_run_local_takes_options_and_parameters_in_any_order(monkeypatch):
 
     assert main(["run-local", "train-baseline", "--demo", "model=ppo"]) == 0
     assert seen["epochs"] == demo.epochs("ppo") == 16
-    assert main(["run-local", "train-baseline", "--demo"]) == 0 and seen["epochs"] == demo.EPOCHS
+    assert main(["run-local", "train-baseline", "--demo", "model=tlob"]) == 0
+    assert seen["epochs"] == demo.epochs("tlob") == demo.EPOCHS
+    assert main(["run-local", "train-baseline", "--demo"]) == 0
+    assert seen["epochs"] == demo.epochs("dqn") == 16  # the default model's
     assert main(["run-local", "train-baseline", "--demo", "model=dqn,ppo", "epochs=4"]) == 0
     assert seen["epochs"] == 4 and demo.epochs("dqn,ppo") == 16
 
