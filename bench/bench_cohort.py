@@ -97,9 +97,10 @@ def main() -> None:
                  "replay_capacity": 8192, "rollout_steps": 8}  # fmt: skip
         known = {f for f in model_config(args.model, {}).__dataclass_fields__}
         sets |= {k: v for k, v in small.items() if k in known}
-    cfg = model_config(args.model, sets)
     if args.sizes == "demo":  # the demo's config, captured (and compiled) as on a GPU
         cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
+    else:
+        cfg = model_config(args.model, sets)
     forms = [("one agent", 1, False), (f"{args.agents} sequential", args.agents, False)]
     if dev.type == "cuda":
         forms.append((f"{args.agents} streams", args.agents, True))

@@ -36,7 +36,7 @@ from foxhunt.bench.workload import standard_market
 from foxhunt.folds import FoldsConfig, FoldSpec, run_folds
 from foxhunt.fxcache.store import publish
 
-BAR_NS = 9 * 10**9  # 2M bars 9 s apart: ~7 months, three 5-month folds sliding by a month
+SPAN_NS = 2_000_000 * 9 * 10**9  # 2M bars 9 s apart: ~7 months, three 5-month folds a month apart
 
 CHILD = """
 import json, sys, time
@@ -64,12 +64,11 @@ print(json.dumps({"total_s": time.time() - t0, **marks, "upload_ms": res.upload_
 def standard_cache(root: Path, n: int, months: tuple[int, int, int]) -> Path:
     """The standard market as the fxcache `root/fxcache/<key>` and its folds file."""
     feats, ofi, ohlc = standard_market(n)
-    ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * (
-        BAR_NS if n >= 1_000_000 else BAR_NS * 2_000_000 // n
-    )
+    step = SPAN_NS // n  # the same ~7 months whatever n, so that the folds are the same
+    ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * step
     publish(root / "fxcache", "standard", {"features": feats, "ofi": ofi, "targets": ohlc,
                                            "timestamps": ts},
-            {"symbol": "STD", "bar_size": "9s"})  # fmt: skip
+            {"symbol": "STD", "bar_size": f"{step / 1e9:g}s"})  # fmt: skip
     train, val, test = months
     spec = FoldSpec(train_months=train, val_months=val, test_months=test)
     folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="STD",

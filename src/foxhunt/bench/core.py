@@ -170,11 +170,16 @@ def _spec(
     snap = None
     if cfg.memory_snapshot and gpu:
         snap = str(cfg.out / f"memory-{model}-{label}-{r}.pickle")
-    bars = cache[1] if cache else cfg.bars or (2_000_000 if gpu else 20_000)
+    bars = cache[1] if cache else synthetic_bars(cfg, device)
     return {"model": model, "sets": sets, "device": device, "bars": bars,
             "fxcache": str(cache[0]) if cache else None, "val_bars": cfg.val_bars or
             (100_000 if gpu else 2_000), "warmup": cfg.warmup, "epochs": cfg.epochs, "seed": 0,
             "memory_snapshot": snap, "threads": cfg.threads}  # fmt: skip
+
+
+def synthetic_bars(cfg: BenchConfig, device: str) -> int:
+    """Bars of the synthetic market: `bars`, else the standard workload's on a GPU."""
+    return cfg.bars or (2_000_000 if device == "cuda" else 20_000)
 
 
 def bench_cache(path: Path) -> tuple[Path, int]:
@@ -331,8 +336,7 @@ def run_bench(cfg: BenchConfig) -> dict:
     cache = bench_cache(cfg.fxcache) if cfg.fxcache else None
     cfg.out.mkdir(parents=True, exist_ok=True)
     data = ({"fxcache": str(cache[0]), "key": cache[0].name, "bars": cache[1]} if cache else
-            {"synthetic": "the standard market", "bars": _spec(cfg, "dqn", {}, device, "a",
-                                                                 0)["bars"]})  # fmt: skip
+            {"synthetic": "the standard market", "bars": synthetic_bars(cfg, device)})  # fmt: skip
     report: dict = {"hardware": hardware.detect(device), "device": device,
                     "config": json.loads(json.dumps(asdict(cfg), default=str)), "data": data,
                     "workloads": {}}  # fmt: skip
