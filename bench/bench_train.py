@@ -26,8 +26,9 @@ A variant may start with the model: `ppo-...` and `pqn-...` time PPO and PQN at 
 defaults (E = 16,384 envs, rollouts of 32 steps, 4 rounds an epoch; PPO 4 update epochs x 4
 minibatches, PQN 2 x 4) on the same data and env; `tlob-...`, `cfc-...`, `mamba2-...` and
 `tft-...` time the supervised
-models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024; `-h128`, `-b4096`,
-`-w64`, `-u128` change TLOB's width, the batch, the window, CfC's units; `-s200` times epochs of
+models' epochs at their GPU defaults (windows of 128 bars, batches of 1,024; `-h128`, `-d512`,
+`-b4096`, `-w64`, `-u128` change TLOB's or TFT's width, Mamba-2's, the batch, the window, CfC's
+units; `-p256` the evaluation's piece of windows; `-s200` times epochs of
 200 steps, and the row gives what a pass over the train range takes) with their MFU (the
 FLOPs of a training step counted by torch's FlopCounterMode, over the H200's 790 TFLOP/s bf16).
 Every row gives env-steps/s (collection) and learner samples/s over the epoch (collection and
@@ -298,15 +299,18 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         sizes = dict(sizes)
         # Size switches of the supervised models: -h<hidden> (TLOB, TFT), -u<units> (CfC),
         # -d<d_model> (Mamba-2),
-        # -b<batch>, -w<window>, -s<optimiser steps an epoch> (default: the whole train range).
+        # -b<batch>, -w<window>, -s<optimiser steps an epoch> (default: the whole train range),
+        # -p<windows of an evaluation piece> (default 2,048; a wide TFT's piece outgrows the GPU).
         keys = {"h": "hidden", "u": "units", "d": "d_model", "b": "batch_size", "w": "window",
-                "s": "steps"}  # fmt: skip
+                "s": "steps", "p": "predict_batch"}  # fmt: skip
         for o in opts:
             if o[:1] in keys and o[1:].isdigit():
                 sizes[keys[o[0]]] = int(o[1:])
+        piece = sizes.pop("predict_batch", None)
         ocfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
         t0 = time.perf_counter()
         agent = agent_cls(ocfg, env_cfg, data, seed=0)
+        agent.predict_batch = piece or agent.predict_batch
         agent.reset_fold(*train, seed=1)
         if capture == "graph":
             agent.capture()

@@ -271,6 +271,7 @@ class SupervisedAgent(AgentState):
         torch.manual_seed(seed)
         self.net = cfg.build(N_MKT).to(dev)
         self.sizing: Choice | None = None
+        self.predict_batch = PREDICT_BATCH  # windows a prediction piece holds (capture_predict)
         if auto_batch:  # before any buffer of the batch's size exists
             self.sizing = self._device_batch()
             self.cfg = cfg = dataclasses.replace(cfg, batch_size=self.sizing.size)
@@ -465,15 +466,15 @@ class SupervisedAgent(AgentState):
             self._predict(lo, hi)
 
     def _predict(self, lo: int, hi: int) -> None:
-        for a in range(lo, hi, PREDICT_BATCH):
-            t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
+        for a in range(lo, hi, self.predict_batch):
+            t = torch.arange(a, min(a + self.predict_batch, hi), device=self.device)
             cls, p = self._classes(self.forward_bars(t))
             self.pred[t] = cls
             self.size[t] = forecast_size(p, self.cfg.sizing)
 
     def forward_bars(self, t: torch.Tensor) -> torch.Tensor:
         """The network's outputs (float32) for the windows ending at bars `t` (at most
-        PREDICT_BATCH of them), in evaluation mode (`_evaluating`). With the prediction graph
+        `predict_batch` of them), in evaluation mode (`_evaluating`). With the prediction graph
         (`capture_predict`), a replay over the static piece: the result is a view of its output,
         valid until the next call. On a GPU a short piece is padded either way, so that eager
         and captured predictions run the same kernels and agree bit for bit."""
@@ -483,8 +484,8 @@ class SupervisedAgent(AgentState):
             self.predict_t[n:] = t[-1]  # padding: its rows are computed and dropped
             g.replay()
             return self.predict_out[:n]
-        if self.device.type == "cuda" and n < PREDICT_BATCH:  # the graph's shapes, eager
-            t = torch.cat([t, t[-1:].expand(PREDICT_BATCH - n)])
+        if self.device.type == "cuda" and n < self.predict_batch:  # the graph's shapes, eager
+            t = torch.cat([t, t[-1:].expand(self.predict_batch - n)])
         return self._forward(t)[:n]
 
     def _forward(self, t: torch.Tensor) -> torch.Tensor:
@@ -505,8 +506,8 @@ class SupervisedAgent(AgentState):
             return None
         total = torch.zeros(N_MKT, dtype=torch.float64, device=self.device)
         with self._evaluating():
-            for a in range(lo, hi, PREDICT_BATCH):
-                t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
+            for a in range(lo, hi, self.predict_batch):
+                t = torch.arange(a, min(a + self.predict_batch, hi), device=self.device)
                 seen: dict = {}
                 with self._autocast():
                     self.net(windows(self.data, t, self.cfg.window), explain=seen)
@@ -545,11 +546,14 @@ class SupervisedAgent(AgentState):
         self.graphs.update(capture_restoring(self, warmup, {"step": self._step}))
         self.capture_predict()
 
-    def capture_predict(self) -> None:
-        """The forward over one piece of PREDICT_BATCH windows as a CUDA graph, on a static
-        tensor of bar indices. It reads the weights and the normalised data in place, so the
-        graph serves every epoch and fold; evaluation changes no state, so nothing is restored."""
-        t = self.predict_t = torch.zeros(PREDICT_BATCH, dtype=torch.long, device=self.device)
+    def capture_predict(self, batch: int | None = None) -> None:
+        """The forward over one piece of `predict_batch` windows (`batch` if given:
+        PREDICT_BATCH for evaluation over ranges, 1 for the latest bar alone) as a CUDA graph,
+        on a static tensor of bar indices. It reads the weights and the normalised data in
+        place, so the graph serves every epoch and fold; evaluation changes no state, so
+        nothing is restored."""
+        self.predict_batch = batch or self.predict_batch
+        t = self.predict_t = torch.zeros(self.predict_batch, dtype=torch.long, device=self.device)
 
         def forward():
             self.predict_out = self._forward(t)

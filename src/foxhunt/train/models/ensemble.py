@@ -43,7 +43,6 @@ from torch import nn
 
 from foxhunt.train.agents.common import Capture, Precision, on_streams, resolve_runtime
 from foxhunt.train.agents.supervised import (
-    PREDICT_BATCH,
     SupervisedAgent,
     classification_metrics,
     forecast_size,
@@ -302,8 +301,9 @@ class EnsembleAgent:
                 return torch.func.functional_call(base, (p, b), (x,))
 
             run = torch.vmap(one, in_dims=(0, 0, None))
-        for a in range(lo, hi, PREDICT_BATCH):
-            t = torch.arange(a, min(a + PREDICT_BATCH, hi), device=self.device)
+        piece = first.predict_batch
+        for a in range(lo, hi, piece):
+            t = torch.arange(a, min(a + piece, hi), device=self.device)
             if batched:
                 with first._autocast():
                     outs = run(params, buffers, windows(self.data, t, first.cfg.window)).float()
