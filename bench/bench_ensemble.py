@@ -47,8 +47,12 @@ def main() -> None:
     ap.add_argument("--bars", type=int, default=100_000)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--members", default="tlob,cfc,mamba2,tft")
-    ap.add_argument("--piece", type=int, default=None,
-                    help="windows a prediction piece holds (default: the agents' 2,048)")
+    ap.add_argument(
+        "--piece",
+        type=int,
+        default=None,
+        help="windows a prediction piece holds (default: the agents' 2,048)",
+    )
     ap.add_argument(
         "--modes",
         default=None,
@@ -102,7 +106,8 @@ def main() -> None:
         runs = ", ".join(f"{t * 1e3:.1f}" for t in sorted(times)[:: max(1, len(times) // 5)])
         print(f"{mode:20s} {len(agent.members)} models, {hi - lo:,} bars, pieces of "
               f"{agent.members[0].predict_batch}: "
-              f"{statistics.median(times) * 1e3:8.2f} ms (runs, sorted: {runs})", flush=True)  # fmt: skip
+              f"{statistics.median(times) * 1e3:8.2f} ms (runs, sorted: {runs})",
+              flush=True)  # fmt: skip
     first = modes[0]
     for m in modes[1:]:
         res[m]["max_prob_diff"] = float((out[m] - out[first]).abs().max())
