@@ -81,3 +81,37 @@ def test_a_cohort_refuses_what_it_cannot_train_together():
     ppo = PPOAgent(PPOConfig(envs=64, rollout_steps=8, rounds=2), EnvConfig(), a.data, seed=3)
     with pytest.raises(ValueError, match="same rounds"):
         Cohort([a, ppo])
+
+
+def test_compiled_methods_of_many_agents_all_stay_compiled():
+    """Dynamo guards an agent's compiled method on the identity of its objects (the optimiser's
+    among them), so each agent compiles a version of its own; past torch's default limit of 8
+    the further agents would run eagerly. `compiled` leaves room for a cohort and more."""
+    import torch._dynamo
+
+    from foxhunt.train.agents.common import compiled
+
+    graphs = []
+
+    def backend(gm, inputs):  # counts what Dynamo compiles, runs it eagerly
+        graphs.append(gm)
+        return gm.forward
+
+    class Agent:
+        def __init__(self):
+            self.w = torch.zeros(3, requires_grad=True)
+            self.opt = torch.optim.SGD([self.w], lr=0.1)
+
+        def update(self, x):
+            self.w.grad = x * 2
+            self.opt.step()
+            return self.w.sum()
+
+    torch._dynamo.reset()
+    agents = [Agent() for _ in range(12)]
+    compiled(agents[0].update, backend=backend)(torch.ones(3))
+    per_agent = len(graphs)
+    assert per_agent >= 1
+    for a in agents[1:]:
+        assert compiled(a.update, backend=backend)(torch.ones(3)).item() == pytest.approx(-0.6)
+    assert len(graphs) == 12 * per_agent  # every agent compiled, none fell back to eager

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import talib
 from numpy.lib.stride_tricks import sliding_window_view
 
 CATALOGUE_VERSION = 1
@@ -170,6 +169,10 @@ def cusum(r: np.ndarray, h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def market_features(o, h, l, c, v) -> np.ndarray:  # noqa: E741 - OHLC names
     """[N, 42] float64 (NaN inside a feature's lookback). Inputs: float64 arrays."""
+    # Imported here: the catalogue (ADX_INDEX, NAMES, WARMUP) serves the folds step and the
+    # trainer on the GPU image, which has no TA-Lib.
+    import talib
+
     n = len(c)
     out = np.full((n, 42), np.nan)
     lc = np.log(c)

@@ -88,6 +88,26 @@ def resolve_runtime(
     return precision, capture, compile_ if compile_ is not None else capture == "graph"
 
 
+COMPILED_PER_PROCESS = 64
+"""Compiled versions of one agent method a process may hold (see `compiled`)."""
+
+
+def compiled(fn: Callable, **kw) -> Callable:
+    """torch.compile(fn, dynamic=False, **kw) for an agent's bound method.
+
+    Static shapes: another agent in the process, at other sizes, compiles its own (automatic
+    dynamic shapes hit a Dynamo guard error in torch 2.11). Dynamo guards a method on its
+    object's identity (the optimiser's, among others), so each agent of a process compiles its
+    own version of the shared code; past `recompile_limit` (8 by default) Dynamo runs the
+    method eagerly, with one warning. Raised here, so that a cohort (`foxhunt train --seeds`,
+    up to 10 agents on a GPU) and a benchmark's further agents all stay compiled."""
+    import torch._dynamo
+
+    cfg = torch._dynamo.config
+    cfg.recompile_limit = max(cfg.recompile_limit, COMPILED_PER_PROCESS)
+    return torch.compile(fn, dynamic=False, **kw)
+
+
 def autocast(precision: str, device: torch.device):
     """bf16 autocast for matrix work; the callers keep softmax, returns, rewards and losses in
     float32 themselves."""

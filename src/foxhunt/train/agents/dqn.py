@@ -55,6 +55,7 @@ from foxhunt.train.agents.common import (
     autocast,
     capture_restoring,
     clip_and_step,
+    compiled,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -505,9 +506,7 @@ class RainbowAgent(AgentState):
             capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )
-        # dynamic=False: another agent in the same process (other sizes) recompiles for its
-        # own static shapes; automatic dynamic shapes hit a dynamo guard error in torch 2.11.
-        self.update_fn = torch.compile(self._update, dynamic=False) if cfg.compile else self._update
+        self.update_fn = compiled(self._update) if cfg.compile else self._update
         self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         # The support: fixed by the config, or rewritten in place per fold (reset_fold).
@@ -531,7 +530,7 @@ class RainbowAgent(AgentState):
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self._reset_lists = None
         if cfg.compile:
-            self._loss = torch.compile(self._loss, mode=cfg.compile_mode, dynamic=False)
+            self._loss = compiled(self._loss, mode=cfg.compile_mode)
         self.ensure_optimizer_state()
 
     # ------------------------------------------------------------------ helpers

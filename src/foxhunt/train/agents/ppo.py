@@ -38,6 +38,7 @@ from foxhunt.train.agents.common import (
     IN_DIM,
     Capture,
     Precision,
+    compiled,
     resolve,
 )
 from foxhunt.train.agents.common import need as check
@@ -230,7 +231,7 @@ class PPOAgent(OnPolicyAgent):
         self.u_act = torch.zeros(T, E, N_LOGITS, device=dev)
         self.micro = self.n // (cfg.minibatches * cfg.accumulate)
         if cfg.compile:
-            self._micro_loss = torch.compile(self._micro_loss, dynamic=False)
+            self._micro_loss = compiled(self._micro_loss)
 
     # ------------------------------------------------------------------ rollout
     def _rollout(self) -> None:

@@ -29,6 +29,7 @@ from foxhunt.train.agents.common import (
     IN_DIM,
     Capture,
     Precision,
+    compiled,
     resolve,
 )
 from foxhunt.train.agents.common import need as check
@@ -143,7 +144,7 @@ class PQNAgent(OnPolicyAgent):
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)  # branches -> joint index
         self.mb = self.n // cfg.minibatches
         if cfg.compile:
-            self._loss = torch.compile(self._loss, dynamic=False)
+            self._loss = compiled(self._loss)
 
     def _q(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self._autocast():

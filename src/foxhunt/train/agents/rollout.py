@@ -23,6 +23,7 @@ from foxhunt.train.agents.common import (
     autocast,
     capture_restoring,
     clip_and_step,
+    compiled,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -156,7 +157,7 @@ class OnPolicyAgent(AgentState):
         self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
         self.total_rounds = 1
         if cfg.compile:
-            self._step = torch.compile(self._step, dynamic=False)
+            self._step = compiled(self._step)
         ensure_adam_state(self.opt, self.flat)
 
     def _autocast(self):

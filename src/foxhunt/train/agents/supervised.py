@@ -58,6 +58,7 @@ from foxhunt.train.agents.common import (
     capture_graphs,
     capture_restoring,
     clip_and_step,
+    compiled,
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
@@ -307,7 +308,7 @@ class SupervisedAgent(AgentState):
         # rank (foxhunt.train.distributed), so that the ranks split one global batch.
         self.gen = torch.Generator(dev)
         if cfg.compile:
-            self._loss = torch.compile(self._loss, dynamic=False)
+            self._loss = compiled(self._loss)
         ensure_adam_state(self.opt, self.flat)
 
     def _autocast(self):
