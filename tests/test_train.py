@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ import torch
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
-from foxhunt.train.core import TrainError
+from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 from trainruns import Killed, metrics_of
@@ -63,6 +64,40 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert again.resumed and metrics_of(again) == metrics_of(full)
     other = run_train(dataclasses.replace(cfg, epochs=2), NullLogger())
     assert not other.resumed
+
+
+class _SlowToPickle:
+    """Pickles after `delay` seconds (as a large state's write takes time)."""
+
+    def __init__(self, delay: float):
+        self.delay = delay
+
+    def __reduce__(self):
+        time.sleep(self.delay)
+        return (dict, ())
+
+
+def test_resume_files_are_written_beside_training_in_order_and_land_before_an_error_escapes(
+    tmp_path,
+):
+    path = tmp_path / "resume.pt"
+    w = ResumeWriter()
+    t0 = time.perf_counter()
+    w.save({"epoch": 0, "slow": _SlowToPickle(0.5)}, path)
+    assert time.perf_counter() - t0 < 0.25  # handed over: the write goes on beside training
+    w.save({"epoch": 1}, path)  # waits for the first: one write at a time, in order
+    w.wait()
+    assert torch.load(path)["epoch"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["resume.pt"]  # no temporary file left
+    # A failed write is raised in the training thread, at the next save or wait.
+    w.save({"epoch": 2}, tmp_path / "no-such-dir" / "resume.pt")
+    with pytest.raises(RuntimeError, match="no-such-dir does not exist"):
+        w.wait()
+    # Leaving the block, by an error too, waits for the last write; the error wins.
+    with pytest.raises(Killed), resume_writer() as w:
+        w.save({"epoch": 3, "slow": _SlowToPickle(0.3)}, path)
+        raise Killed
+    assert torch.load(path, weights_only=False)["epoch"] == 3  # (the slow object: a dict)
 
 
 def test_early_stopping_ends_a_fold_after_patience_epochs_without_a_better_val(
@@ -441,12 +476,16 @@ def test_runs_end_killed_on_sigterm_and_failed_on_an_error(demo_es, tmp_path):
 
 
 def test_training_imports_without_polars_mlflow_kfp_or_talib(demo_es, tmp_path):
-    """The GPU image has torch, numpy, pyarrow and safetensors only."""
+    """The GPU image has torch, numpy, pyarrow and safetensors only: the folds step and
+    training run there (bench/bench_plan.py runs both)."""
     code = f"""
 import sys
 for m in ("polars", "mlflow", "kfp", "talib", "databento", "databento_dbn", "tyro", "rich"):
     sys.modules[m] = None
 from pathlib import Path
+from foxhunt.folds import FoldsConfig, run_folds
+run_folds(FoldsConfig(cache=Path({str(demo_es[0])!r}), symbol="ES",
+                      out=Path({str(tmp_path / "folds.json")!r})))
 from foxhunt.train import TrainConfig, DQNConfig, run_train
 from foxhunt.train.tracking import NullLogger
 cfg = TrainConfig(folds=Path({str(demo_es[1])!r}), cache=Path({str(demo_es[0])!r}), epochs=1,

@@ -5,8 +5,9 @@ agent (and its CUDA graphs) is built once and reset in place per fold. The loop 
 through `foxhunt.train.agents.Agent` (DQN, PPO, PQN: one file each under agents/). Per epoch:
 collect, learn, evaluate the greedy policy on the val range; the best epoch by val Sharpe is
 checkpointed (safetensors + config + normalisation statistics) and evaluated once on the test
-range. A resume file written after every epoch lets a killed task continue where it stopped and
-end with the same metrics as an uninterrupted run.
+range. A resume file written after every epoch (by a thread of its own, while the next epoch
+trains: `ResumeWriter`) lets a killed task continue where it stopped and end with the same
+metrics as an uninterrupted run.
 
 Only a retry of the same task resumes: the run id (the pipeline's KFP run id, or a fresh one
 per command) names the run directory, and a resume file is used only when the same code wrote
@@ -23,6 +24,7 @@ across runs is KFP's step cache's job.
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import hashlib
 import itertools
@@ -362,6 +364,58 @@ def _save_atomic(obj, path: Path) -> None:
     os.replace(tmp, path)
 
 
+class ResumeWriter:
+    """Writes resume files on a thread of its own. The state is copied to the host when it is
+    handed over (a consistent snapshot of the epoch just finished); torch.save, which releases
+    the GIL, and the disk write then overlap the next epoch's training instead of adding to it
+    (at the standard DQN sizes the state is ~110 MB, ~0.15 s an epoch on the H200). One write at
+    a time, in order; each lands whole or not at all (a temporary file, then a rename), so a
+    task killed mid-write resumes from the epoch before. What is handed over must not change
+    afterwards: the caller passes host copies (tensors) and deep copies (the dicts it keeps
+    updating)."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def save(self, obj, path: Path) -> None:
+        self.wait()
+
+        def write() -> None:
+            try:
+                _save_atomic(obj, path)
+            except BaseException as e:  # re-raised in the training thread (wait)
+                self._error = e
+
+        self._thread = threading.Thread(target=write, name="foxhunt-resume-writer", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Until the last write has landed; a failed write is raised here."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            e, self._error = self._error, None
+            raise e
+
+
+@contextlib.contextmanager
+def resume_writer() -> Generator[ResumeWriter, None, None]:
+    """A `ResumeWriter` whose last write has landed when the block is left; if the block
+    raised, that exception wins over a failed write (which is logged)."""
+    w = ResumeWriter()
+    try:
+        yield w
+    except BaseException:
+        try:
+            w.wait()
+        except Exception as e:
+            log.error("the last resume file could not be written: %s", e)
+        raise
+    w.wait()
+
+
 def save_checkpoint(
     agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
 ) -> None:
@@ -515,10 +569,10 @@ def _run(
         loggers = [lg or (MlflowLogger(cfg.experiment) if mlflow else NullLogger())
                    for lg in loggers]  # fmt: skip
         try:
-            with sigterm_raises():
+            with sigterm_raises(), resume_writer() as writer:
                 results = _drive(
                     [_task(tcfg, doc, folds, cache, data, device, digest, run_id, run_dir,
-                           state, logger, on_epoch_end)
+                           state, logger, writer, on_epoch_end)
                      for (tcfg, digest, run_dir), state, logger in zip(tasks, states, loggers,
                                                                        strict=True)],
                     device,
@@ -650,6 +704,7 @@ def _task(
     run_dir: Path,
     state: dict | None,
     logger: Logger,
+    writer: ResumeWriter,
     on_epoch_end: Callable[[int, int], None] | None,
 ) -> Generator[_Train | str, None, TrainResult]:
     """The task once everything is checked and uploaded: build the agent, then each fold. A
@@ -832,17 +887,17 @@ def _task(
                 metrics["time/epoch_s"], times["collect"], times["learn"], times["eval"],
                 progress.eta(),
             )  # fmt: skip
-            _save_atomic(
+            writer.save(
                 {
                     "digest": digest,
                     "code": code_version(),
                     "fold": k,
                     "epoch": epoch,
                     "agent": {n: v.cpu() for n, v in agent.snapshot().items()},
-                    "best": best,
+                    "best": copy.deepcopy(best),
                     "best_weights": best_weights and {n: v.cpu() for n, v in best_weights.items()},
-                    "results": results,
-                    "run_ids": run_ids,
+                    "results": copy.deepcopy(results),
+                    "run_ids": copy.deepcopy(run_ids),
                     "rng_cpu": torch.get_rng_state(),
                     "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
                 },
@@ -910,13 +965,13 @@ def _task(
                 "model_uri": model_uri,
             }
         )
-        _save_atomic(
+        writer.save(
             {
                 "digest": digest,
                 "code": code_version(),
                 "fold": None,
-                "results": results,
-                "run_ids": run_ids,
+                "results": copy.deepcopy(results),
+                "run_ids": copy.deepcopy(run_ids),
             },
             resume_path,
         )
