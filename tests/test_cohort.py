@@ -108,10 +108,10 @@ def test_compiled_methods_of_many_agents_all_stay_compiled():
             return self.w.sum()
 
     torch._dynamo.reset()
-    agents = [Agent() for _ in range(12)]
+    agents = [Agent() for _ in range(10)]
     compiled(agents[0].update, backend=backend)(torch.ones(3))
     per_agent = len(graphs)
     assert per_agent >= 1
     for a in agents[1:]:
         assert compiled(a.update, backend=backend)(torch.ones(3)).item() == pytest.approx(-0.6)
-    assert len(graphs) == 12 * per_agent  # every agent compiled, none fell back to eager
+    assert len(graphs) == 10 * per_agent  # every agent compiled, none fell back to eager
