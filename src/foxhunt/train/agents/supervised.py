@@ -547,13 +547,12 @@ class SupervisedAgent(AgentState):
         self.graphs.update(capture_restoring(self, warmup, {"step": self._step}))
         self.capture_predict()
 
-    def capture_predict(self, batch: int | None = None) -> None:
-        """The forward over one piece of `predict_batch` windows (`batch` if given:
-        PREDICT_BATCH for evaluation over ranges, 1 for the latest bar alone) as a CUDA graph,
-        on a static tensor of bar indices. It reads the weights and the normalised data in
-        place, so the graph serves every epoch and fold; evaluation changes no state, so
+    def capture_predict(self) -> None:
+        """The forward over one piece of `predict_batch` windows (PREDICT_BATCH for evaluation
+        over ranges; 1 for the latest bar alone, bench/bench_ensemble.py --piece 1) as a CUDA
+        graph, on a static tensor of bar indices. It reads the weights and the normalised data
+        in place, so the graph serves every epoch and fold; evaluation changes no state, so
         nothing is restored."""
-        self.predict_batch = batch or self.predict_batch
         t = self.predict_t = torch.zeros(self.predict_batch, dtype=torch.long, device=self.device)
 
         def forward():
