@@ -178,3 +178,42 @@ def test_on_policy_agents_fit_their_envs(model, tmp_path, monkeypatch):
     got, chosen = sizer.agent_sizes(agent_cls, cfg, EnvConfig(), data, SizeCache(tmp_path / "s"))
     assert chosen.sizes == {"envs": cfg.resolved(data.device).envs // 4}
     assert got.envs == chosen.sizes["envs"]
+
+
+def test_a_wide_models_prediction_piece_shrinks_the_batch_fits_beside(tmp_path, monkeypatch):
+    """The supervised agent's prediction piece from the 'device' (the probes are real: TLOB's
+    forward over n windows, here on the CPU; memory faked at 1 MiB a window the network sees):
+    1 GiB free, PREDICT_SHARE of it -> the largest power of two within, not PREDICT_BATCH.
+    The batch's probe then has MARGIN of the free memory less the piece's forward."""
+    from foxhunt.train.agents import supervised
+    from foxhunt.train.agents.supervised import PREDICT_SHARE, SupervisedAgent
+    from foxhunt.train.env import EnvConfig
+    from foxhunt.train.models.tlob import TLOBConfig
+    from marketdata import random_market
+
+    seen: list[int] = []  # the windows of each forward the network ran
+
+    def fake_peak(device, step):
+        def measure(n):
+            seen.clear()
+            step(n)  # the model's forward (or its training step) at size n, for real
+            return max(seen, default=0) * 2**20
+
+        return measure
+
+    monkeypatch.setattr(sizer, "cuda_peak", fake_peak)
+    monkeypatch.setattr(sizer, "cache_key", lambda device, what, config: f"gpu|{what}|{config}")
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**30, 2**31))
+    monkeypatch.setenv("FOXHUNT_SIZE_CACHE", str(tmp_path / "sizes.json"))
+    agent = SupervisedAgent(TLOBConfig(window=8, hidden=8, layers=1, batch_size=16, steps=1),
+                            EnvConfig(), random_market(3000, 0), seed=0)  # fmt: skip
+    assert agent.predict_batch == supervised.PREDICT_BATCH  # on a CPU: not sized
+    agent.net.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    piece = agent._device_piece()
+    budget = int(2**30 * PREDICT_SHARE)  # 204.8 MiB: 128 windows fit, 256 do not
+    assert (piece.size, piece.budget_bytes, piece.source) == (128, budget, "probed")
+    agent.predict_batch = piece.size
+    batch = agent._device_batch()  # MARGIN of 1 GiB less the piece's 128 MiB: 256 fit
+    assert (batch.size, batch.budget_bytes) == (256, int(2**30 * sizer.MARGIN) - 128 * 2**20)
+    again = agent._device_piece()  # the next task of this configuration: from the cache
+    assert (again.size, again.source) == (128, "cache")

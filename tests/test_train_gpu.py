@@ -290,3 +290,32 @@ def test_ensemble_members_on_streams_give_the_sequential_probabilities():
             torch.cuda.synchronize()
             assert torch.isfinite(got).all(), parallel
             assert torch.equal(got, eager), parallel
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_wide_tft_predicts_in_pieces_that_fit(tmp_path, monkeypatch):
+    """TFT at hidden 512, window 128 (its forward over the default 2,048 windows needs ~160 GB):
+    the device chooses a smaller prediction piece, the batch is sized beside it, and the
+    captured step and prediction graphs train and evaluate without running out of memory."""
+    from foxhunt.train.agents.supervised import PREDICT_BATCH, SupervisedAgent
+    from foxhunt.train.models.tft import TFTConfig
+
+    monkeypatch.setenv("FOXHUNT_SIZE_CACHE", str(tmp_path / "sizes.json"))
+    torch.cuda.empty_cache()
+    cfg = TFTConfig(hidden=512, heads=4, window=128, steps=2, capture="graph", compile=False,
+                    max_batch=512)  # fmt: skip
+    agent = SupervisedAgent(cfg, EnvConfig(), gpu_data(), seed=0)
+    assert 64 <= agent.predict_batch < PREDICT_BATCH and agent.sizing.size >= 256
+    agent.capture()
+    agent.reset_fold(1000, 12000, seed=1)
+    agent.begin_epoch(0, 1)
+    agent.collect()
+    agent.learn()
+    agent.prepare_eval(12000, 16000)
+    torch.cuda.synchronize()
+    assert torch.isfinite(torch.tensor(agent.read_stats()["losses/loss"]))
+    assert agent.pred[12000:16000].min() >= 0 and agent.pred[12000:16000].max() <= 2
+    peak = torch.cuda.max_memory_allocated() / torch.cuda.get_device_properties(0).total_memory
+    assert peak < 0.9
+    del agent
+    torch.cuda.empty_cache()

@@ -784,6 +784,8 @@ def _task(
     }
     if sizing is not None:  # sizes the device chose (foxhunt.train.sizer)
         params["sizing"] = dataclasses.asdict(sizing)
+    if hasattr(agent, "predict_batch"):  # windows a prediction piece holds (supervised)
+        params["predict_batch"] = agent.predict_batch
     task_name = f"{symbol} {cfg.model} seed{cfg.seed}"
     dataset = fxcache_dataset(cache, symbol, doc["bar_size"])
     run_ids["parent"] = logger.start_task(task_name, params, tags, run_ids["parent"], dataset)

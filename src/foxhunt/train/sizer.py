@@ -82,8 +82,8 @@ def largest_fitting(
             hi = mid - 1
     if best is None:
         raise OutOfMemory(
-            f"not even size {sizes[0]} fits in {budget / 2**30:.2f} GiB (a share {MARGIN} of "
-            "the free GPU memory): free the GPU or set a smaller size"
+            f"not even size {sizes[0]} fits in {budget / 2**30:.2f} GiB (its share of the free "
+            "GPU memory): free the GPU or set a smaller size"
         )
     return best
 
@@ -146,9 +146,10 @@ def cache_key(device: torch.device, what: str, config: dict) -> str:
 
 def device_size(device: torch.device, what: str, config: dict, step: Callable[[int], None],
                 lo: int, hi: int, cache: SizeCache | None = None,
-                beside: Callable[[], None] | None = None) -> Choice:  # fmt: skip
+                beside: Callable[[], None] | None = None,
+                share: float = MARGIN) -> Choice:  # fmt: skip
     """The size for `what` at `config` on this GPU: from the cache, else the largest power of
-    two in [lo, hi] whose `step` fits in MARGIN of the free memory (then cached). `beside`
+    two in [lo, hi] whose `step` fits in `share` of the free memory (then cached). `beside`
     runs what the task holds besides the step whatever the size (the supervised models'
     prediction graph): its peak, measured once, comes off the budget."""
     cache = cache or SizeCache()
@@ -158,7 +159,7 @@ def device_size(device: torch.device, what: str, config: dict, step: Callable[[i
         return Choice(hit, 0, 0, "cache")
     free, _ = torch.cuda.mem_get_info(device)
     held = cuda_peak(device, lambda _: beside())(0) if beside is not None else 0
-    budget = int(free * MARGIN) - held
+    budget = int(free * share) - held
     size, peak = largest_fitting(cuda_peak(device, step), powers_of_two(lo, hi), budget)
     choice = Choice(size, peak, budget, "probed")
     log.info("%s: size %d from the device (peak %.2f GiB of a %.2f GiB budget)", what, size,

@@ -76,6 +76,14 @@ FLAT = DIRECTIONS.index(0.0)
 STATS = ("loss", "grad_norm", "accuracy", "steps", "lr")
 SIZES_BY_DEVICE = {"batch_size": (1024, 256)}
 PREDICT_BATCH = 2048
+"""Windows a prediction piece holds at most (on a GPU, fewer where they do not fit:
+SupervisedAgent._device_piece)."""
+PREDICT_MIN = 64
+"""The smallest piece the device may choose: a model whose forward over it does not fit is
+refused, with the sizer's error."""
+PREDICT_SHARE = 0.2
+"""Fraction of the free GPU memory the prediction piece may take; the training step's batch is
+then sized in what is left (foxhunt.train.sizer.MARGIN of the free memory, less the piece's)."""
 
 
 @dataclass(frozen=True)
@@ -273,6 +281,8 @@ class SupervisedAgent(AgentState):
         self.net = cfg.build(N_MKT).to(dev)
         self.sizing: Choice | None = None
         self.predict_batch = PREDICT_BATCH  # windows a prediction piece holds (capture_predict)
+        if dev.type == "cuda":  # a piece that fits beside the step (a wide model's may not)
+            self.predict_batch = self._device_piece().size
         if auto_batch:  # before any buffer of the batch's size exists
             self.sizing = self._device_batch()
             self.cfg = cfg = dataclasses.replace(cfg, batch_size=self.sizing.size)
@@ -314,11 +324,34 @@ class SupervisedAgent(AgentState):
     def _autocast(self):
         return autocast(self.cfg.precision, self.device)
 
+    TRAINING_ONLY = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip", "flat",
+                     "sizing")  # fmt: skip
+    """Config fields a prediction's memory does not depend on."""
+
+    def _predict_probe(self, n: int) -> None:
+        """An evaluation forward over `n` random windows (generator of its own)."""
+        gen = torch.Generator(self.device).manual_seed(0)
+        t = torch.randint(0, self.data.n, (n,), device=self.device, generator=gen)
+        with self._evaluating():
+            self._forward(t)
+
+    def _device_piece(self) -> Choice:
+        """The prediction piece from the device (foxhunt.train.sizer): the largest power of two
+        up to PREDICT_BATCH whose evaluation forward fits in PREDICT_SHARE of the free memory.
+        At the GPU defaults every model's 2,048 windows fit an H200's share (TFT's, the largest,
+        ~20 GiB at window 128); a wide model's may not (TFT at hidden 512: ~160 GB), and a
+        smaller GPU's share is smaller. Evaluation then runs in more, smaller pieces."""
+        cfg = self.cfg
+        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in self.TRAINING_ONLY}
+        return device_size(self.device, f"{type(cfg).__name__} prediction piece", what,
+                           self._predict_probe, PREDICT_MIN, PREDICT_BATCH,
+                           share=PREDICT_SHARE)  # fmt: skip
+
     def _device_batch(self) -> Choice:
         """The batch from the device (foxhunt.train.sizer): a probe is a forward and backward
         pass on random windows, drawn from a generator of its own (the task's random stream
         stays as it was). The budget leaves room for the prediction graph, whose pool holds an
-        evaluation forward over PREDICT_BATCH windows for the task's life (TFT's takes ~20 GiB
+        evaluation forward over `predict_batch` windows for the task's life (TFT's takes ~20 GiB
         at the GPU defaults, window 128: beside a step sized to the full budget, batch 4096 and
         ~68 GiB, it ran out of the H200's memory)."""
         cfg, gen = self.cfg, torch.Generator(self.device).manual_seed(0)
@@ -331,19 +364,11 @@ class SupervisedAgent(AgentState):
             for p in self.net.parameters():
                 p.grad = None
 
-        training_only = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip",
-                         "flat", "sizing")  # fmt: skip
-
-        def predict() -> None:
-            t = torch.randint(0, self.data.n, (PREDICT_BATCH,), device=self.device, generator=gen)
-            with self._evaluating():
-                self._forward(t)
-
-        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in training_only}
-        what["predict_batch"] = PREDICT_BATCH  # sizes chosen without its room are not reused
+        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in self.TRAINING_ONLY}
+        what["predict_batch"] = self.predict_batch  # sizes chosen without its room are not reused
         lo = min(256, cfg.max_batch)
         return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch,
-                           beside=predict)  # fmt: skip
+                           beside=lambda: self._predict_probe(self.predict_batch))  # fmt: skip
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
