@@ -14,7 +14,8 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 `-compile` torch.compile the loss and the update. A/B switches: `-noalign` (head matmuls at
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-fusedhead` (C51's expectation and projection written as broadcast reductions that
-inductor fuses, `fused_head`; the CPU smoke checks they give the same numbers).
+inductor fuses, `fused_head`; the CPU smoke checks they give the same numbers), `-f32out` (the
+output layers in float32, `float32_outputs`).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -324,6 +325,7 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         n_step=3,  # the standard workload's; the DQN's default is 1
         compile="compile" in opts or "autotune" in opts,
         compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
+        float32_outputs="f32out" in opts,
         **(small if args.cpu_smoke else {}),
     )
     t0 = time.perf_counter()

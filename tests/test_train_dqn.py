@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from foxhunt.train.agents.dqn import (
     IN_DIM,
@@ -303,6 +304,8 @@ def test_quantile_huber_against_a_loop():
         {"distribution": "mean"},
         {"cql_alpha": 0.5},
         {"noisy": False, "epsilon": 0.1, "double_q": False},
+        {"dense_inputs": True},
+        {"dense_inputs": True, "distribution": "iqn"},
     ],
 )
 def test_every_option_learns_a_finite_loss(opts):
@@ -370,11 +373,11 @@ def test_the_mean_head_regresses_on_the_double_q_target():
     assert m.max() == 2 and m.min() >= 1  # n-step transitions of both lengths were replayed
 
 
-@pytest.mark.parametrize("distribution", ["c51", "mean"])
-def test_the_served_policy_acts_as_the_trainer(distribution):
+@pytest.mark.parametrize("distribution,dense", [("c51", False), ("mean", False), ("c51", True)])
+def test_the_served_policy_acts_as_the_trainer(distribution, dense):
     """A checkpoint's greedy policy outside the trainer (`acting_net`) picks the actions the
-    trainer's greedy policy picks, for each head."""
-    cfg = tiny(distribution=distribution, noisy=False, epsilon=0.1)
+    trainer's greedy policy picks, for each head, with D2RL's dense inputs too."""
+    cfg = tiny(distribution=distribution, noisy=False, epsilon=0.1, dense_inputs=dense)
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
     agent.reset_fold(0, 400, seed=0)
     agent.collect()
@@ -383,6 +386,49 @@ def test_the_served_policy_acts_as_the_trainer(distribution):
     want = agent.act(state, noise=False, net=agent._acting())
     got = acting_net(cfg, {k: v.clone() for k, v in agent.weights().items()})(state)
     assert torch.equal(got, want) and len(set(map(tuple, want.tolist()))) > 1
+
+
+@pytest.mark.parametrize("noisy", [False, True])
+def test_dense_inputs_add_the_state_beside_each_layer_after_the_first(noisy):
+    """D2RL's network with the weights of its state columns zero is the plain network (the
+    rest of the weights copied), and those columns do reach the output once they are not."""
+    torch.manual_seed(0)
+    plain = QNet(tiny(noisy=noisy, hidden=(16, 8))).double()
+    plain.reset_noise()
+    dense = QNet(tiny(noisy=noisy, hidden=(16, 8), dense_inputs=True)).double()
+    with torch.no_grad():
+        for t, p in zip(dense.state_dict().values(), plain.state_dict().values(), strict=True):
+            t.zero_()  # the state's columns of the wider layers stay 0
+            t[..., : p.shape[-1]].copy_(p)  # the first columns read the previous layer
+    assert dense.trunk[1].in_features == 16 + IN_DIM and dense.trunk[0].in_features == IN_DIM
+    x = torch.randn(5, IN_DIM, dtype=torch.float64)
+    torch.testing.assert_close(dense(x), plain(x))
+    with torch.no_grad():
+        dense.trunk[1].weight[:, 16:].normal_()
+    assert not torch.allclose(dense(x), plain(x))
+
+
+def test_float32_outputs_compute_the_output_layers_outside_bf16_autocast():
+    """Under bf16 autocast (the GPU's; here the CPU's), `float32_outputs` gives the value and
+    advantage layers' outputs in float32, exactly the float32 product of their inputs (those
+    bf16), while the trunk stays bf16; without it the outputs are bf16."""
+    torch.manual_seed(0)
+    seen = {}
+    for f32 in (False, True):
+        net = QNet(tiny(noisy=False, float32_outputs=f32))
+        for name in ("value", "adv", "head"):
+            getattr(net, name).register_forward_hook(
+                lambda m, i, o, name=name: seen.__setitem__(name, (i[0], o))
+            )
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            net(torch.randn(7, IN_DIM))
+        assert seen["head"][1].dtype == torch.bfloat16  # the trunk and heads' hidden layer
+        for name in ("value", "adv"):
+            x, y = seen[name]
+            layer = getattr(net, name)
+            assert y.dtype == (torch.float32 if f32 else torch.bfloat16)
+            if f32:
+                assert torch.equal(y, F.linear(x.float(), layer.weight, layer.bias))
 
 
 @pytest.mark.parametrize("noisy", [False, True])

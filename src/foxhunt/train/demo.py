@@ -26,8 +26,8 @@ EPOCHS = 8
 EPOCHS_BY_MODEL = {"ppo": 16, "dqn": 16}
 """Where a model's demo trains longer than EPOCHS, with costs on (the demo's setting): PPO's 16
 epochs earned 19.94 +- 0.99 against 17.22 +- 0.63 at 8 (costs off 27.61 +- 0.06 against 27.81
-+- 0.29), for about 25 s more a task on 2 cores; the DQN's 19.33 +- 0.53 over six seeds against
-17.04 at 8 (0.97 of the cost-aware ridge; costs off lower, 25.69 +- 0.98 against 28.05 +- 0.38
++- 0.29), for about 25 s more a task on 2 cores; the DQN's (before its dense inputs) 19.33 +-
+0.53 over six seeds against 17.04 at 8 (costs off lower, 25.69 +- 0.98 against 28.05 +- 0.38
 on seeds 0-2; 27.05 +- 0.79 over six), for about 60 s more a task."""
 
 
@@ -42,10 +42,13 @@ ENV = EnvConfig(episode_bars=512)
 DQN = DQNConfig(
     hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, noisy=False, epsilon=0.1,
     envs=512, collect_steps=64, learn_steps=256, batch_size=256, replay_capacity=131_072,
-    lr=1e-3,
+    lr=1e-3, dense_inputs=True,
 )  # fmt: skip
-# lr 1e-3 (the GPU default stays 3e-4): with costs on it earned 17.2-18.3 against 13.5-13.6 at
+# lr 1e-3 (the GPU default stays 1e-4): with costs on it earned 17.2-18.3 against 13.5-13.6 at
 # 3e-4, over six seeds; with costs off 27.8 against 28.9 (docs/performance.md).
+# dense_inputs (D2RL: the state beside every layer's input after the first), over six seeds:
+# costs on 20.38 +- 0.55 against 19.33 +- 0.53, costs off 29.00 +- 0.24 against 27.05 +- 0.79.
+# At the GPU sizes it moved nothing measurable, and stays off there (docs/performance.md).
 PPO = PPOConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8, lr=1e-3)
 PQN = PQNConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8)
 # The supervised models at CPU sizes: windows of 32 bars, small widths.

@@ -97,6 +97,10 @@ class DQNConfig:
     """Widths of the shared trunk's layers."""
     head_hidden: int = 128
     """Width of the hidden layer of the value stream and of each advantage branch."""
+    dense_inputs: bool = False
+    """D2RL (Sinha et al., 2020): the state is also an input of every trunk layer after the
+    first and of the heads' hidden layer (concatenated to the previous layer's output), a
+    direct path from the inputs to the Q-values beside the deep one."""
     distribution: Literal["c51", "iqn", "mean"] = "c51"
     """Return distribution: C51 (categorical, fixed atoms), IQN (implicit quantiles), or none:
     `mean` learns the expected return alone (one output an action, squared TD error, as DQN
@@ -174,6 +178,10 @@ class DQNConfig:
     precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
     projection and the losses stay float32."""
+    float32_outputs: bool = False
+    """The value and advantage output layers in float32 outside the bf16 autocast: with costs
+    on, holding and trading can differ by a fraction of a basis point, less than bf16 logits
+    resolve (docs/performance.md, "GPU sizes"). No effect in float32 (on a CPU)."""
     capture: Capture = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
     compile: bool | None = None
@@ -304,16 +312,20 @@ class QNet(nn.Module):
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
         dims = (IN_DIM, *cfg.hidden)
-        self.trunk = nn.ModuleList(nn.Linear(a, b) for a, b in itertools.pairwise(dims))
+        extra = IN_DIM if cfg.dense_inputs else 0  # D2RL: the state beside each layer's input
+        self.trunk = nn.ModuleList(
+            nn.Linear(a + (extra if i else 0), b)
+            for i, (a, b) in enumerate(itertools.pairwise(dims))
+        )
         h, hh = dims[-1], cfg.head_hidden
         if self.iqn:
-            self.embed = nn.Linear(cfg.iqn_embedding, h)
+            self.embed = nn.Linear(cfg.iqn_embedding, h + extra)
             self.register_buffer("cos_i", torch.arange(cfg.iqn_embedding) * math.pi)
 
         def lin(a, b):
             return NoisyLinear(a, b, cfg.noisy_sigma0) if cfg.noisy else nn.Linear(a, b)
 
-        self.head = lin(h, 2 * hh)  # the value stream's hidden layer and the advantage's, as one
+        self.head = lin(h + extra, 2 * hh)  # the value's hidden layer and the advantage's, as one
         self.value = lin(hh, self.out)
         self.adv = lin(hh, n_actions * self.out)
 
@@ -334,7 +346,10 @@ class QNet(nn.Module):
     def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         """A head's output layer. With align > 1 its width (51, 1530 for C51) is padded to a
         multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
-        kernels, in the backward pass as well."""
+        kernels, in the backward pass as well. In float32 with `float32_outputs`."""
+        if self.cfg.float32_outputs and torch.is_autocast_enabled(x.device.type):
+            with torch.autocast(x.device.type, enabled=False):
+                return self._out(layer, x.float(), noise)
         pad = -layer.out_features % self.align
         if isinstance(layer, NoisyLinear):
             return layer(x, noise, pad)
@@ -346,8 +361,11 @@ class QNet(nn.Module):
     def forward(
         self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool | str = True
     ) -> torch.Tensor:
-        for layer in self.trunk:
-            x = F.relu(layer(x))
+        s = x
+        for i, layer in enumerate(self.trunk):
+            x = F.relu(layer(torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x))
+        if self.cfg.dense_inputs:
+            x = torch.cat((x, s), 1)
         if self.iqn:
             assert taus is not None
             B, K = taus.shape
