@@ -281,10 +281,11 @@ class SupervisedAgent(AgentState):
         self.net = cfg.build(N_MKT).to(dev)
         self.sizing: Choice | None = None
         self.predict_batch = PREDICT_BATCH  # windows a prediction piece holds (capture_predict)
+        # Sizes from the device, rank 0's on every data-parallel rank (one global batch).
         if dev.type == "cuda":  # a piece that fits beside the step (a wide model's may not)
-            self.predict_batch = self._device_piece().size
+            self.predict_batch = distributed.shared(self._device_piece().size)
         if auto_batch:  # before any buffer of the batch's size exists
-            self.sizing = self._device_batch()
+            self.sizing = distributed.shared(self._device_batch())
             self.cfg = cfg = dataclasses.replace(cfg, batch_size=self.sizing.size)
         self.params = [p for p in self.net.parameters() if p.requires_grad]
         self.flat = flatten_into_views(self.params)
