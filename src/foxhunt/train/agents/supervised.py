@@ -271,6 +271,9 @@ class SupervisedAgent(AgentState):
     predictions the policy reads. Built once per task, reset in place per fold."""
 
     RNG_KEY = "order_rng"  # `gen` orders the samples (dropout draws from torch's generator)
+    TRAINING_ONLY = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip", "flat",
+                     "sizing")  # fmt: skip
+    """Config fields that the memory of a forward pass does not depend on (the size keys)."""
 
     def __init__(self, cfg: SupervisedConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         dev = data.device
@@ -324,10 +327,6 @@ class SupervisedAgent(AgentState):
 
     def _autocast(self):
         return autocast(self.cfg.precision, self.device)
-
-    TRAINING_ONLY = ("batch_size", "steps", "lr", "weight_decay", "warmup", "grad_clip", "flat",
-                     "sizing")  # fmt: skip
-    """Config fields a prediction's memory does not depend on."""
 
     def _predict_probe(self, n: int) -> None:
         """An evaluation forward over `n` random windows (generator of its own)."""
