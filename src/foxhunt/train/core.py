@@ -389,6 +389,10 @@ class ResumeWriter:
         if pending is not None:
             pending.result()
 
+    def close(self) -> None:
+        """Let the writer's thread go (after `wait`: a pending write still lands)."""
+        self._pool.shutdown()
+
 
 @contextlib.contextmanager
 def resume_writer() -> Generator[ResumeWriter, None, None]:
@@ -406,7 +410,7 @@ def resume_writer() -> Generator[ResumeWriter, None, None]:
     else:
         w.wait()
     finally:
-        w._pool.shutdown()
+        w.close()
 
 
 def save_checkpoint(

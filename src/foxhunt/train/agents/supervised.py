@@ -328,6 +328,11 @@ class SupervisedAgent(AgentState):
     def _autocast(self):
         return autocast(self.cfg.precision, self.device)
 
+    def _memory_key(self) -> dict:
+        """The config as the sizer's cache key: the fields a pass's memory depends on."""
+        cfg = dataclasses.asdict(self.cfg)
+        return {k: v for k, v in cfg.items() if k not in self.TRAINING_ONLY}
+
     def _predict_probe(self, n: int) -> None:
         """An evaluation forward over `n` random windows (generator of its own)."""
         gen = torch.Generator(self.device).manual_seed(0)
@@ -341,9 +346,8 @@ class SupervisedAgent(AgentState):
         At the GPU defaults every model's 2,048 windows fit an H200's share (TFT's, the largest,
         ~20 GiB at window 128); a wide model's may not (TFT at hidden 512: ~160 GB), and a
         smaller GPU's share is smaller. Evaluation then runs in more, smaller pieces."""
-        cfg = self.cfg
-        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in self.TRAINING_ONLY}
-        return device_size(self.device, f"{type(cfg).__name__} prediction piece", what,
+        return device_size(self.device, f"{type(self.cfg).__name__} prediction piece",
+                           self._memory_key(),
                            self._predict_probe, PREDICT_MIN, PREDICT_BATCH,
                            share=PREDICT_SHARE)  # fmt: skip
 
@@ -364,7 +368,7 @@ class SupervisedAgent(AgentState):
             for p in self.net.parameters():
                 p.grad = None
 
-        what = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in self.TRAINING_ONLY}
+        what = self._memory_key()
         what["predict_batch"] = self.predict_batch  # sizes chosen without its room are not reused
         lo = min(256, cfg.max_batch)
         return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch,
