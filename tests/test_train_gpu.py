@@ -319,3 +319,23 @@ def test_a_wide_tft_predicts_in_pieces_that_fit(tmp_path, monkeypatch):
     assert peak < 0.9
     del agent
     torch.cuda.empty_cache()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_captured_evaluation_in_pieces_gives_the_sequential_walk():
+    """1,024 pieces, the step captured as a CUDA graph and replayed over the passes, against
+    one eager piece: a policy that reads the whole portfolio and holds across the pieces."""
+    from foxhunt.train.evaluate import Evaluator
+    from test_evaluate import COSTS, portfolio_rule
+
+    data = gpu_data()
+    score = torch.randn(data.n, generator=torch.Generator().manual_seed(4)).cuda()
+    policy = portfolio_rule(score)
+    walk = Evaluator(COSTS, data, 1)
+    r1, tr1 = (x.clone() for x in walk.run(policy, 1000, 15000))
+    pieces = Evaluator(COSTS, data, 1024, capture=True)
+    for _ in range(2):  # captured on the first run, replayed on the second
+        r, tr = pieces.run(policy, 1000, 15000, graph=True)
+        assert pieces.last_passes > 1
+        assert torch.equal(r, r1) and torch.equal(tr, tr1)
+        assert torch.equal(pieces.last_positions, walk.last_positions)

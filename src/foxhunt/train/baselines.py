@@ -30,7 +30,7 @@ from collections.abc import Callable
 
 import torch
 
-from foxhunt.train.env import DIRECTIONS, SIZES
+from foxhunt.train.env import DIRECTIONS, PORTFOLIO, SIZES
 from foxhunt.train.evaluate import Evaluator, Policy, random_policy
 from foxhunt.train.metrics import trading_metrics
 
@@ -47,6 +47,7 @@ def constant_policy(direction: int) -> Policy:
         a = torch.tensor([direction, FULL, MARKET], device=t.device)
         return a.expand(len(t), 3)
 
+    act.portfolio_read = ()  # type: ignore[attr-defined]
     return act
 
 
@@ -62,6 +63,7 @@ def signal_policy(score: torch.Tensor, threshold: float = 0.0) -> Policy:
         full = torch.full_like(direction, FULL)
         return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
 
+    act.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]
     return act
 
 

@@ -1,9 +1,20 @@
 """Evaluation of a policy over one range (val or test), all segments in parallel.
 
 The range's bars are cut into `segments` contiguous pieces of equal length, and one env walks
-each piece, starting flat; the per-bar returns of the pieces, put back in time order, are the
-range's return series. With segments = 1 this is one sequential walk through the range; more
-segments trade exactness at the piece boundaries (each starts flat) for speed on a GPU.
+each piece; the per-bar returns of the pieces, put back in time order, are the range's return
+series. The result is the one sequential walk through the range would give, whatever the number
+of pieces: a first pass starts every piece flat, and each further pass starts piece k from the
+state (position, entry price, bars held) where piece k - 1 ended in the pass before, until every
+piece starts where its predecessor ends. Piece 0 starts where the walk does, so each pass makes
+at least one more piece exact, and a pass stops as soon as every piece is back on the path it
+took in the pass before (a deterministic policy from the same state at the same bar repeats
+itself). A policy usually changes its position within a few bars of a piece's start, and then
+its path joins the true one: two passes, the second a few bars long. A policy function may say
+which portfolio columns it reads (`portfolio_read`, a subset of PORTFOLIO; all by default): the
+position always decides the rewards, the entry price and the bars held only what such a policy
+does, so a policy blind to them (a constant or a signal, foxhunt.train.baselines) rejoins its
+path as soon as its position does. A stochastic policy (`deterministic = False` on the function,
+as random_policy) is run once from flat pieces.
 
 On a GPU one evaluation step (policy, env step, and writing its row of returns at a device-side
 step counter) can be captured as a CUDA graph and replayed once per step of the pieces.
@@ -17,10 +28,13 @@ from collections.abc import Callable
 import torch
 
 from foxhunt.train.agents.common import capture_graphs
-from foxhunt.train.env import BRANCHES, EnvConfig, TradingEnv
+from foxhunt.train.env import BRANCHES, PORTFOLIO, EnvConfig, TradingEnv
 
 # A policy maps (bars [K], portfolio [K, 4]) to branch actions [K, 3].
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+SYNC_STEPS = 16
+"""Steps a further pass runs between its checks whether every piece is back on its old path."""
 
 
 class Evaluator:
@@ -31,7 +45,11 @@ class Evaluator:
         self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
         self.starts = torch.zeros(segments, dtype=torch.long, device=dev)
         self.rets = self.trades = None
+        # The state after each step (row 0: before the first) as [steps + 1, 3, K]: position,
+        # entry price while in a position (0 flat: a flat env's entry is never read), bars held.
+        self.state: torch.Tensor | None = None
         self.last_positions: torch.Tensor | None = None  # positions held over the last run
+        self.last_passes = 0  # passes the last run took
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
 
     def _step(self, policy: Policy) -> None:
@@ -41,19 +59,32 @@ class Evaluator:
         self.rets.index_copy_(0, self.k.view(1), r[None])
         self.trades.index_copy_(0, self.k.view(1), f[None])
         self.k.add_(1)
+        self.state.index_copy_(0, self.k.view(1), self._key(policy)[None])
+
+    def _key(self, policy: Policy) -> torch.Tensor:
+        """[3, K]: the env state that decides the rest of a piece's path for `policy` (see
+        `state`; a column the policy does not read is 0)."""
+        env = self.env
+        read = getattr(policy, "portfolio_read", PORTFOLIO)
+        zero = torch.zeros_like(env.entry)
+        entry = env.entry if PORTFOLIO[1] in read else zero
+        hold = env.hold if PORTFOLIO[2] in read else zero
+        return torch.stack([env.pos, torch.where(env.pos != 0, entry, zero), hold])
 
     def _buffers(self, L: int) -> None:
         if self.rets is None or self.rets.shape[0] < L:
             K, dev = self.segments, self.data.device
             self.rets = torch.zeros(L, K, device=dev)
             self.trades = torch.zeros(L, K, device=dev)
+            self.state = torch.zeros(L + 1, 3, K, device=dev)
             self.graphs.clear()  # captured against the old buffers
 
     def run(
         self, policy: Policy, lo: int, hi: int, graph: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1);
-        the positions held over them are in `last_positions` after the call.
+        """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1),
+        as one sequential walk from flat at `lo` gives them (see the module docstring); the
+        positions held over them are in `last_positions` after the call.
         With `graph` (and `capture` on), the policy's step is captured the first time and
         replayed after: the policy must be graph-safe (device tensors only, no host reads), as
         the greedy policy is."""
@@ -62,32 +93,70 @@ class Evaluator:
             raise ValueError(f"range [{lo}, {hi}) is too short to evaluate")
         K = self.segments
         L = math.ceil(n / K)
+        live = math.ceil(n / L)  # pieces that hold bars of the range; the rest repeat its end
         self._buffers(L)
         env = self.env
         env.set_range(lo, hi)
         dev = self.data.device
         self.starts.copy_((lo + torch.arange(K, device=dev) * L).clamp(max=hi - 2))
-        env.start_at(self.starts)
         env.episode_bars.fill_(L + 1)  # pieces end by their length, never by the clock
-        self.k.zero_()
         key = id(policy)
         graph = graph and self.capture
         if graph and key not in self.graphs:
+            self._begin(policy, None)
             self.graphs[key] = self._capture(policy)
-            env.start_at(self.starts)
-            self.k.zero_()
         g = self.graphs.get(key) if graph else None
-        for _ in range(L):
-            if g is not None:
-                g.replay()
-            else:
-                self._step(policy)
-        self.last_positions = self.trades[:L].cumsum(0).T.reshape(-1)[:n]  # pieces start flat
+
+        def steps(k: int) -> None:
+            for _ in range(k):
+                if g is not None:
+                    g.replay()
+                else:
+                    self._step(policy)
+
+        self._begin(policy, None)
+        steps(L)
+        self.last_passes = 1
+        exact = getattr(policy, "deterministic", True)
+        while exact and live > 1:
+            begin, end = self.state[0], self.state[L]
+            if torch.equal(begin[:, 1:live], end[:, : live - 1]):
+                break
+            carried = begin.clone()
+            carried[:, 1:live] = end[:, : live - 1]
+            old = self.state.clone()
+            self._begin(policy, carried)
+            done = 0
+            while done < L:
+                k = min(SYNC_STEPS, L - done)
+                steps(k)
+                done += k
+                if torch.equal(self.state[done], old[done]):
+                    break  # every piece is back on its old path: the rest of the rows stand
+            self.last_passes += 1
+        pos0 = self.state[0, 0]
+        self.last_positions = (pos0 + self.trades[:L].cumsum(0)).T.reshape(-1)[:n]
         return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
+
+    def _begin(self, policy: Policy, state: torch.Tensor | None) -> None:
+        """Every piece at its first bar, flat (None) or in `state` [3, K] (see `_key`; a column
+        the policy does not read starts as it would flat); step counter at 0."""
+        env = self.env
+        env.start_at(self.starts)
+        if state is not None:
+            pos, entry, hold = state
+            read = getattr(policy, "portfolio_read", PORTFOLIO)
+            env.pos.copy_(pos)
+            if PORTFOLIO[1] in read:
+                env.entry.copy_(torch.where(pos != 0, entry, env.entry))
+            if PORTFOLIO[2] in read:
+                env.hold.copy_(hold)
+        self.state[0].copy_(self._key(policy))
+        self.k.zero_()
 
     def _capture(self, policy: Policy) -> torch.cuda.CUDAGraph:
         def step() -> None:
-            self._step(policy)  # the warm-up's effects are reset by the caller
+            self._step(policy)  # the warm-up's effects are reset by the caller's _begin
 
         return capture_graphs(self.data.device, step, {"step": step})["step"]
 
@@ -101,4 +170,5 @@ def random_policy(generator: torch.Generator) -> Policy:
         u = torch.rand(len(t), len(BRANCHES), device=t.device, generator=generator)
         return (u * n).long().minimum(n - 1)
 
+    act.deterministic = False  # type: ignore[attr-defined]
     return act

@@ -1,0 +1,116 @@
+"""The evaluator's pieces give the one sequential walk's result, bit for bit, for policies that
+hold positions across piece boundaries and read the whole portfolio (position, unrealised PnL,
+bars held); the walk itself (one piece) is checked against hand-computed returns in
+test_baselines."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from foxhunt.train.baselines import FLAT, FULL, constant_policy, signal_policy
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.evaluate import Evaluator, random_policy
+from marketdata import random_market
+
+COSTS = EnvConfig(fee_bps=0.1, half_spread_bps=0.25)
+
+
+def actions(direction: torch.Tensor, size: int = FULL, passive: bool = False) -> torch.Tensor:
+    return torch.stack(
+        [direction, torch.full_like(direction, size), torch.full_like(direction, int(passive))], 1
+    )
+
+
+def buy_and_hold(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+    return actions(torch.full_like(t, FLAT + 1))
+
+
+def portfolio_rule(score: torch.Tensor):
+    """Enters on |score| > 0.8, adds size while the trade runs (a partial size first, passive
+    limit orders every other bar), takes profit or stops out on the unrealised PnL, and goes
+    flat after 12 bars held: every part of the portfolio changes what it does."""
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        pos, upnl, held = portfolio.unbind(1)
+        s = score.index_select(0, t)
+        want = torch.where(s.abs() > 0.8, torch.sign(s), torch.sign(pos)).long() + FLAT
+        exit_ = (held * 100 >= 12) | (upnl.abs() > 0.03)
+        direction = torch.where(exit_, torch.full_like(want, FLAT), want)
+        size = torch.where(pos.abs() < 0.5, torch.full_like(t, 1), torch.full_like(t, FULL))
+        passive = (t % 2 == 0).long()
+        return torch.stack([direction, size, passive], 1)
+
+    return act
+
+
+def walk(policy, segments: int, lo: int = 20, hi: int = 620, env: EnvConfig = COSTS):
+    data = random_market(640, seed=3)
+    ev = Evaluator(env, data, segments)
+    r, tr = ev.run(policy, lo, hi)
+    return r.clone(), tr.clone(), ev.last_positions.clone(), ev.last_passes
+
+
+@pytest.mark.parametrize("segments", [3, 16, 599])
+@pytest.mark.parametrize("name", ["buy_and_hold", "signal", "signal_threshold", "portfolio"])
+def test_pieces_give_the_sequential_walk_bit_for_bit(name, segments):
+    score = torch.tensor(np.random.default_rng(4).normal(size=640), dtype=torch.float32)
+    policy = {
+        "buy_and_hold": buy_and_hold,
+        "signal": signal_policy(score),
+        "signal_threshold": signal_policy(score, 1.5),
+        "portfolio": portfolio_rule(score),
+    }[name]
+    r1, tr1, pos1, passes1 = walk(policy, 1)
+    assert passes1 == 1
+    r, tr, pos, _ = walk(policy, segments)
+    assert torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(pos, pos1)
+
+
+def test_a_held_position_needs_the_later_passes():
+    """The first pass alone (every piece flat) pays an entry at each piece's start: what the
+    evaluator returned before its pieces carried their state, and what the passes correct."""
+    r1, _, pos1, _ = walk(buy_and_hold, 1)
+    r, tr, pos, passes = walk(buy_and_hold, 16)
+    assert passes > 1 and torch.equal(r, r1) and (pos == 1.0).all()
+    assert tr.abs().sum() == 1.0  # one entry, at the range's first bar
+    data = random_market(640, seed=3)
+    ev = Evaluator(COSTS, data, 16)
+    first_pass_only = buy_and_hold  # a first pass alone: run it as a stochastic policy
+    alone = lambda t, p: first_pass_only(t, p)  # noqa: E731
+    alone.deterministic = False
+    ra, tra = ev.run(alone, 20, 620)
+    assert ev.last_passes == 1 and tra.abs().sum() == 16.0  # an entry at every piece's start
+    assert ra.sum() < r1.sum() - 10 * 0.35e-4
+
+
+def test_a_sizeable_trade_run_settles_in_a_few_short_passes():
+    score = torch.tensor(np.random.default_rng(5).normal(size=640), dtype=torch.float32)
+    data = random_market(640, seed=3)
+    ev = Evaluator(COSTS, data, 16)
+    steps = []
+    ev._step, step = (lambda p: (steps.append(1), step(p))[1]), ev._step
+    ev.run(signal_policy(score, 1.0), 20, 620)
+    n, L = 599, 38
+    assert ev.last_passes == 2 and len(steps) <= L + 2 * 16  # the second pass: a chunk or two
+    assert len(steps) < 2 * L and n > L
+
+
+def test_a_stochastic_policy_runs_once():
+    data = random_market(640, seed=3)
+    ev = Evaluator(COSTS, data, 16)
+    ev.run(random_policy(torch.Generator().manual_seed(0)), 20, 620)
+    assert ev.last_passes == 1
+
+
+
+def test_a_policy_blind_to_the_portfolio_rejoins_its_path_with_its_position():
+    """Buy and hold from foxhunt.train.baselines reads nothing of the portfolio: its pieces
+    agree with the walk once their position does (two passes), where the same policy reading
+    everything needs a pass a piece (its bars held differ until the range's end)."""
+    hold_long = constant_policy(FLAT + 1)
+    r1, tr1, pos1, _ = walk(hold_long, 1)
+    r, tr, pos, passes = walk(hold_long, 16)
+    assert passes == 2 and torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(pos, pos1)
+    assert walk(buy_and_hold, 16)[3] == 16
