@@ -33,7 +33,7 @@ TINY = {
                 "replay_capacity": 256,
             },
             "ppo": {"hidden": [16], "envs": 8, "rollout_steps": 8, "rounds": 1},
-            "train": {"eval_segments": 16},
+            "train": {"eval_segments": 64},
         }
     ),
 }

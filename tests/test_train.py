@@ -31,7 +31,7 @@ TINY = DQNConfig(
 def tiny_cfg(demo, out: Path, **kw) -> TrainConfig:
     cache, folds = demo
     base = dict(
-        folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=8, dqn=TINY,
+        folds=folds, cache=cache, epochs=3, out=out, tracking="none", eval_segments=64, dqn=TINY,
         env=EnvConfig(episode_bars=256), run_id="run-1", baselines=False,
     )  # fmt: skip
     return TrainConfig(**(base | kw))

@@ -171,7 +171,7 @@ def run_workload(spec: dict) -> dict:
     t["capture_s"] = time.perf_counter() - t0
     mem.end("capture")
     evaluator = Evaluator(EnvConfig(), data, spec.get("eval_segments") or (1024 if dev.type ==
-                          "cuda" else 16), capture=graph)  # fmt: skip
+                          "cuda" else 64), capture=graph)  # fmt: skip
     prepare = getattr(agent, "prepare_eval", None)
     calibrate = getattr(agent, "calibrate", None)
     epochs, history, steps_s = [], [], []

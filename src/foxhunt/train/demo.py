@@ -37,7 +37,7 @@ def epochs(model: str) -> int:
     return max(EPOCHS_BY_MODEL.get(m, EPOCHS) for m in names)
 
 
-EVAL_SEGMENTS = 16
+EVAL_SEGMENTS = 64
 ENV = EnvConfig(episode_bars=512)
 DQN = DQNConfig(
     hidden=(128, 128), head_hidden=64, gamma=0.5, n_step=1, noisy=False, epsilon=0.1,

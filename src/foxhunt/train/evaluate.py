@@ -9,7 +9,9 @@ piece starts where its predecessor ends. Piece 0 starts where the walk does, so 
 at least one more piece exact, and a pass stops as soon as every piece is back on the path it
 took in the pass before (a deterministic policy from the same state at the same bar repeats
 itself). A policy usually changes its position within a few bars of a piece's start, and then
-its path joins the true one: two passes, the second a few bars long. A policy function may say
+its path joins the true one: two passes, the second a few bars long. One that stays on one side
+(long or short) across many pieces never rejoins (its bars held differ), so a piece that stayed
+on one side all along passes on its start moved by its length (see `_carried`): three passes. A policy function may say
 which portfolio columns it reads (`portfolio_read`, a subset of PORTFOLIO; all by default): the
 position always decides the rewards, the entry price and the bars held only what such a policy
 does, so a policy blind to them (a constant or a signal, foxhunt.train.baselines) rejoins its
@@ -25,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from foxhunt.train.agents.common import capture_graphs
@@ -122,8 +125,7 @@ class Evaluator:
             begin, end = self.state[0], self.state[L]
             if torch.equal(begin[:, 1:live], end[:, : live - 1]):
                 break
-            carried = begin.clone()
-            carried[:, 1:live] = end[:, : live - 1]
+            carried = self._carried(live, L)
             old = self.state.clone()
             self._begin(policy, carried)
             done = 0
@@ -137,6 +139,27 @@ class Evaluator:
         pos0 = self.state[0, 0]
         self.last_positions = (pos0 + self.trades[:L].cumsum(0)).T.reshape(-1)[:n]
         return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
+
+    def _carried(self, live: int, L: int) -> torch.Tensor:
+        """[3, K] each piece's start for the next pass: piece 0's own; piece k's the end of
+        piece k - 1 in this pass, or, where piece k - 1 starts the next pass elsewhere than it
+        started this one but on the same side, and stayed on that side all along (long or
+        short, whatever its size: the entry price stays, the bars held count on), that start
+        moved on by the piece: the same entry, as many more bars held, this pass's end
+        position. A policy that holds one side across many pieces then needs one more pass,
+        not one a piece. The next pass checks the guess like any other start."""
+        used = self.state[0].double().cpu().numpy()
+        end = self.state[L].double().cpu().numpy()
+        side = torch.sign(self.state[:, 0, :live])
+        held = ((side == side[0]).all(0) & (side[0] != 0)).cpu().numpy()
+        start = used.copy()
+        for k in range(1, live):
+            s, u, e = start[:, k - 1], used[:, k - 1], end[:, k - 1]
+            if held[k - 1] and np.sign(s[0]) == np.sign(u[0]) and not np.array_equal(s, u):
+                start[:, k] = (e[0], s[1], s[2] + e[2] - u[2])
+            else:
+                start[:, k] = e
+        return torch.from_numpy(start).to(self.state)
 
     def _begin(self, policy: Policy, state: torch.Tensor | None) -> None:
         """Every piece at its first bar, flat (None) or in `state` [3, K] (see `_key`; a column
