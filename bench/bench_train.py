@@ -311,7 +311,8 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         ocfg = cls(capture=capture, precision=precision, compile="compile" in opts, **sizes)
         t0 = time.perf_counter()
         agent = agent_cls(ocfg, env_cfg, data, seed=0)
-        agent.predict_batch = piece or agent.predict_batch
+        if piece:
+            agent.predict_batch = piece
         agent.reset_fold(*train, seed=1)
         if capture == "graph":
             agent.capture()

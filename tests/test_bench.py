@@ -177,3 +177,24 @@ def test_one_mlflow_run_per_workload(tmp_path, monkeypatch):
         assert r.data.metrics["host_rss_gb"] == pytest.approx(w["host_rss_bytes"] / 1e9)
         art = client.download_artifacts(r.info.run_id, "workload.json", str(tmp_path / m))
         assert json.loads(Path(art).read_text())["status"] == "ok"
+
+
+def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
+    """bench/bench_train.py (the H200 figures of docs/performance.md) on the CPU: a DQN, PPO,
+    PQN and a supervised variant with its evaluation piece each give their row; a variant that
+    fails prints FAILED and leaves no row."""
+    import os
+    import subprocess
+    import sys
+
+    variants = ["eager-fp32", "ppo-eager-fp32", "pqn-eager-fp32", "tlob-eager-fp32-p64"]
+    out = subprocess.run(
+        [sys.executable, "bench/bench_train.py", "--cpu-smoke", "--epochs", "2",
+         "--variants", ",".join(variants)],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+        env=os.environ | {"OUT": str(tmp_path)}, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0 and "FAILED" not in out.stdout, out.stdout + out.stderr[-2000:]
+    res = json.loads((tmp_path / "bench_train.json").read_text())
+    for v in variants:
+        assert res[v]["train_epoch"][0] > 0 and res[v]["params"] > 0, v
