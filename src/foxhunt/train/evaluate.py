@@ -2,21 +2,26 @@
 
 The range's bars are cut into `segments` contiguous pieces of equal length, and one env walks
 each piece; the per-bar returns of the pieces, put back in time order, are the range's return
-series. The result is the one sequential walk through the range would give, whatever the number
-of pieces: a first pass starts every piece flat, and each further pass starts piece k from the
-state (position, entry price, bars held) where piece k - 1 ended in the pass before, until every
-piece starts where its predecessor ends. Piece 0 starts where the walk does, so each pass makes
-at least one more piece exact, and a pass stops as soon as every piece is back on the path it
-took in the pass before (a deterministic policy from the same state at the same bar repeats
-itself). A policy usually changes its position within a few bars of a piece's start, and then
-its path joins the true one: two passes, the second a few bars long. One that stays on one side
-(long or short) across many pieces never rejoins (its bars held differ), so a piece that stayed
-on one side all along passes on its start moved by its length (see `_carried`): three passes. A policy function may say
-which portfolio columns it reads (`portfolio_read`, a subset of PORTFOLIO; all by default): the
-position always decides the rewards, the entry price and the bars held only what such a policy
-does, so a policy blind to them (a constant or a signal, foxhunt.train.baselines) rejoins its
-path as soon as its position does. A stochastic policy (`deterministic = False` on the function,
-as random_policy) is run once from flat pieces.
+series. The result is the one a sequential walk through the range gives, whatever the number of
+pieces (which sets the speed alone):
+
+- A first pass starts every piece flat. Each further pass starts piece k in the state
+  (position, entry price, bars held) in which piece k - 1 ended the pass before, until every
+  piece starts where its predecessor ends. Piece 0 starts where the walk does, so each pass
+  makes at least one more piece exact.
+- A pass stops as soon as every piece is back on the path it took the pass before: a
+  deterministic policy in the same state at the same bar repeats itself. A policy usually
+  changes its position within a few bars of a piece's start, and its path then joins the true
+  one: two passes, the second a few bars long.
+- A policy that stays on one side (long or short) across many pieces never rejoins its path
+  (its bars held differ), so a piece that stayed on one side all along passes on its start
+  moved by its length (`_carried`): three passes rather than one a piece.
+- A policy function may say which portfolio columns it reads (`portfolio_read`, a subset of
+  PORTFOLIO; all by default). The position always decides the rewards, the entry price and
+  the bars held only what such a policy does, so one blind to them (a constant or a signal,
+  foxhunt.train.baselines) rejoins its path as soon as its position does.
+- A stochastic policy (`deterministic = False` on the function, as random_policy) is run once
+  from flat pieces: its draws differ from pass to pass.
 
 On a GPU one evaluation step (policy, env step, and writing its row of returns at a device-side
 step counter) can be captured as a CUDA graph and replayed once per step of the pieces.
@@ -27,13 +32,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
 from foxhunt.train.agents.common import capture_graphs
 from foxhunt.train.env import BRANCHES, PORTFOLIO, EnvConfig, TradingEnv
 
-# A policy maps (bars [K], portfolio [K, 4]) to branch actions [K, 3].
+# A policy maps (bars [K], portfolio [K, 3]) to branch actions [K, 3].
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 SYNC_STEPS = 16
@@ -148,18 +152,18 @@ class Evaluator:
         moved on by the piece: the same entry, as many more bars held, this pass's end
         position. A policy that holds one side across many pieces then needs one more pass,
         not one a piece. The next pass checks the guess like any other start."""
-        used = self.state[0].double().cpu().numpy()
-        end = self.state[L].double().cpu().numpy()
+        used = self.state[0].T.contiguous().tolist()  # [K][3] floats: a fast loop over pieces
+        end = self.state[L].T.contiguous().tolist()
         side = torch.sign(self.state[:, 0, :live])
-        held = ((side == side[0]).all(0) & (side[0] != 0)).cpu().numpy()
-        start = used.copy()
+        held = ((side == side[0]).all(0) & (side[0] != 0)).tolist()
+        start = list(used)
         for k in range(1, live):
-            s, u, e = start[:, k - 1], used[:, k - 1], end[:, k - 1]
-            if held[k - 1] and np.sign(s[0]) == np.sign(u[0]) and not np.array_equal(s, u):
-                start[:, k] = (e[0], s[1], s[2] + e[2] - u[2])
+            s, u, e = start[k - 1], used[k - 1], end[k - 1]
+            if held[k - 1] and (s[0] > 0) == (u[0] > 0) and s[0] != 0 and s != u:
+                start[k] = [e[0], s[1], s[2] + e[2] - u[2]]
             else:
-                start[:, k] = e
-        return torch.from_numpy(start).to(self.state)
+                start[k] = e
+        return torch.tensor(start, dtype=self.state.dtype).T.to(self.state.device)
 
     def _begin(self, policy: Policy, state: torch.Tensor | None) -> None:
         """Every piece at its first bar, flat (None) or in `state` [3, K] (see `_key`; a column
