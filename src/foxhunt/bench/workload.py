@@ -129,7 +129,7 @@ def run_workload(spec: dict) -> dict:
     from foxhunt.train.agents import AGENTS
     from foxhunt.train.data import MarketData
     from foxhunt.train.env import EnvConfig
-    from foxhunt.train.evaluate import Evaluator
+    from foxhunt.train.evaluate import Evaluator, default_segments
 
     dev = torch.device(spec["device"])
     torch.manual_seed(spec.get("seed", 0))
@@ -170,8 +170,8 @@ def run_workload(spec: dict) -> dict:
     sync()
     t["capture_s"] = time.perf_counter() - t0
     mem.end("capture")
-    evaluator = Evaluator(EnvConfig(), data, spec.get("eval_segments") or (1024 if dev.type ==
-                          "cuda" else 64), capture=graph)  # fmt: skip
+    segments = spec.get("eval_segments") or default_segments(dev)
+    evaluator = Evaluator(EnvConfig(), data, segments, capture=graph)
     prepare = getattr(agent, "prepare_eval", None)
     calibrate = getattr(agent, "calibrate", None)
     epochs, history, steps_s = [], [], []

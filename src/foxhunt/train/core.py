@@ -60,7 +60,7 @@ from foxhunt.train.baselines import evaluate_baselines
 from foxhunt.train.cohort import train_epoch
 from foxhunt.train.data import DataError, MarketData
 from foxhunt.train.env import EnvConfig
-from foxhunt.train.evaluate import Evaluator, random_policy
+from foxhunt.train.evaluate import Evaluator, default_segments, random_policy
 from foxhunt.train.metrics import periods_per_year, trading_metrics
 from foxhunt.train.models.cfc import CfCConfig
 from foxhunt.train.models.ensemble import EnsembleConfig
@@ -731,7 +731,7 @@ def _task(
     sizing = sizing or getattr(agent, "sizing", None)  # the supervised batch sizes itself
     if agent.cfg.capture == "graph":
         agent.capture()
-    segments = cfg.eval_segments or (1024 if device.type == "cuda" else 64)
+    segments = cfg.eval_segments or default_segments(device)
     evaluator = Evaluator(cfg.env, data, segments, capture=agent.cfg.capture == "graph")
     # The baselines step through the same env, costs and metrics in at least 64 pieces (the
     # same result in fewer steps than a test's 4).
