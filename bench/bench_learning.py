@@ -3,6 +3,7 @@
     python bench/bench_learning.py [--data data] [--models dqn,ppo,pqn] [--seeds 0,1,2]
                                    [--costs on,off] [--jobs 2] [--device cpu|cuda]
                                    [--sizes demo|default] [--set pqn.gamma=0.95 ...]
+                                   [--epoch-log]
 
 (after `make run`; on 2 cores with --jobs 2, about 12 minutes for the three models, three seeds
 and both cost settings.)
@@ -26,6 +27,7 @@ import argparse
 import dataclasses
 import datetime as dt
 import json
+import logging
 import statistics
 import sys
 import time
@@ -104,6 +106,12 @@ def train_one(job: dict) -> tuple[str, str, list, float]:
     """One training task (a process of its own with --jobs): (model, costs, folds, seconds)."""
     if job["device"] == "cpu":
         torch.set_num_threads(job["threads"])
+    if job.get("epoch_log"):  # foxhunt.train's epoch lines, each with its task's name
+        tag = f"{job['model']}-{job['costs']}-s{job['cfg']['seed']}"
+        fmt = f"{tag} %(message)s"
+        logging.basicConfig(level=logging.INFO, format=fmt, stream=sys.stdout, force=True)
+        for name in ("torch", "torch._dynamo", "torch._inductor"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     t0 = time.perf_counter()
     res = run_train(TrainConfig(**job["cfg"]), NullLogger())
     s = time.perf_counter() - t0
@@ -181,6 +189,9 @@ def main() -> None:
         "env.<field> for the env, e.g. env.orders=full_market",
     )
     ap.add_argument("--out", type=Path, default=Path("/tmp/bench_learning"))
+    ap.add_argument(
+        "--epoch-log", action="store_true", help="each task's epoch lines (val Sharpe by epoch)"
+    )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     models = args.models.split(",")
@@ -223,8 +234,8 @@ def main() -> None:
                            out=args.out / f"{model}-{costs}", resume=False,
                            eval_segments=segments, env=env, model=model, baselines=False,
                            **{model: cfgs[model]})  # baselines: below, once for all  # fmt: skip
-                jobs.append({"cfg": cfg, "model": model, "costs": costs,
-                             "device": args.device, "threads": threads})  # fmt: skip
+                jobs.append({"cfg": cfg, "model": model, "costs": costs, "device": args.device,
+                             "threads": threads, "epoch_log": args.epoch_log})  # fmt: skip
     if args.jobs > 1:
         import multiprocessing as mp
 
