@@ -113,3 +113,34 @@ def test_a_policy_blind_to_the_portfolio_rejoins_its_path_with_its_position():
     r, tr, pos, passes = walk(hold_long, 16)
     assert passes == 2 and torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(pos, pos1)
     assert walk(buy_and_hold, 16)[3] == 3
+
+
+def test_declared_portfolio_reads_are_all_a_policy_reads():
+    """A policy that declares `portfolio_read` acts the same whatever the columns it leaves out
+    hold: the evaluator's early stop relies on it. The baselines and the supervised models'
+    greedy policy (their forecasts turned into orders; `flat="hold"` reads the position)."""
+    from types import SimpleNamespace
+
+    from foxhunt.train.agents.supervised import SupervisedAgent
+    from foxhunt.train.env import PORTFOLIO
+
+    g = torch.Generator().manual_seed(6)
+    t = torch.arange(64)
+    score = torch.randn(64, generator=g)
+    fake = SimpleNamespace(
+        pred=torch.randint(0, 3, (64,), generator=g),
+        size=torch.randint(0, FULL + 1, (64,), generator=g),
+        cfg=SimpleNamespace(flat="hold"),
+    )
+
+    def supervised(t, portfolio):
+        return SupervisedAgent.greedy(fake, t, portfolio)
+
+    supervised.portfolio_read = SupervisedAgent.greedy.portfolio_read
+    for policy in (constant_policy(FLAT + 1), signal_policy(score, 0.5), supervised):
+        read = [PORTFOLIO.index(c) for c in policy.portfolio_read]
+        port = torch.randn(64, 3, generator=g).round()
+        other = torch.randn(64, 3, generator=g) * 5
+        other[:, read] = port[:, read]
+        assert torch.equal(policy(t, port), policy(t, other))
+    assert SupervisedAgent.greedy.portfolio_read == ("position",)

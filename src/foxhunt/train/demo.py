@@ -10,6 +10,11 @@ learns from what it collects, and 512 envs (4x the CPU default) collect 262k tra
 epoch for about the same time as 64 envs, since its learning steps cost more than collection;
 epsilon-greedy 0.1 explores as well as noisy nets here at two thirds of the time. PQN discounts
 at 0.9 (its default): the planted edge has a half-life of ~7 bars.
+
+The comparisons quoted below were measured when every evaluation piece started flat (the
+choices hold on the exact evaluator). On it, 2026-12-03, 2 cores: the DQN earns test Sharpe
+20.21 +- 0.52 with costs on and 28.96 +- 0.25 off (six seeds; the ridge baselines 19.74 and
+28.92), PPO 19.18 +- 1.22 and 27.71 +- 0.28 (three seeds).
 """
 
 from foxhunt.train.agents.dqn import DQNConfig

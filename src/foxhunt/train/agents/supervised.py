@@ -68,7 +68,7 @@ from foxhunt.train.agents.common import (
     restart,
 )
 from foxhunt.train.data import N_MKT, MarketData
-from foxhunt.train.env import DIRECTIONS, SIZES, EnvConfig
+from foxhunt.train.env import DIRECTIONS, PORTFOLIO, SIZES, EnvConfig
 from foxhunt.train.sizer import Choice, device_size
 
 CLASSES = ("down", "flat", "up")
@@ -552,6 +552,8 @@ class SupervisedAgent(AgentState):
         """Branch actions from the predictions (`orders`); graph-safe table reads."""
         return orders(self.pred.index_select(0, t), self.size.index_select(0, t), portfolio,
                       self.cfg.flat)  # fmt: skip
+
+    greedy.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]  # orders: the position
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The network's tensors; for the return target also the fold's label threshold and
