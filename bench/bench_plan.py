@@ -82,6 +82,9 @@ def main() -> None:
     ap.add_argument("--model", default="dqn", choices=("dqn", "ppo", "pqn"))
     ap.add_argument("--epochs", type=int, default=50)
     ap.add_argument("--folds", type=int, default=3)
+    ap.add_argument(
+        "--eval-segments", type=int, default=None, help="pieces of a val/test range (the default's)"
+    )
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_plan.json"
@@ -101,7 +104,8 @@ def main() -> None:
               f"(not part of the figures)", flush=True)  # fmt: skip
         cfg = {"folds": str(folds), "cache": str(root / "fxcache"), "cc": str(root / "cc"),
                "model": args.model, "epochs": args.epochs, "fold_ids": fold_ids,
-               "device": "cpu" if smoke else "cuda"}  # fmt: skip
+               "device": "cpu" if smoke else "cuda",
+               "eval_segments": args.eval_segments}  # fmt: skip
         if smoke:
             cfg[args.model] = ({"envs": 64, "batch_size": 64, "learn_steps": 8,
                                 "collect_steps": 8, "replay_capacity": 4096}

@@ -198,3 +198,18 @@ def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
     res = json.loads((tmp_path / "bench_train.json").read_text())
     for v in variants:
         assert res[v]["train_epoch"][0] > 0 and res[v]["params"] > 0, v
+
+
+def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
+    """bench/bench_eval.py (the evaluation rows of docs/performance.md) on the CPU: a row per
+    policy and piece count, each with the first count's returns."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "bench/bench_eval.py", "--cpu-smoke"], capture_output=True, text=True,
+        cwd=Path(__file__).resolve().parents[1], timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith(("dqn ", "signal "))]
+    assert len(rows) == 6 and all(r[-1] == "True" and int(r[3]) >= 1 for r in rows), out.stdout

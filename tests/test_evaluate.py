@@ -144,3 +144,31 @@ def test_declared_portfolio_reads_are_all_a_policy_reads():
         other[:, read] = port[:, read]
         assert torch.equal(policy(t, port), policy(t, other))
     assert SupervisedAgent.greedy.portfolio_read == ("position",)
+
+
+def clocked(period: int):
+    """Long or short by turns, flipping after `period` bars held: a path started in another
+    phase never rejoins the walk's (its flips stay apart), so only the passes make it exact."""
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        pos, _, held = portfolio.unbind(1)
+        side = torch.where(pos == 0, torch.ones_like(pos), torch.sign(pos))
+        flip = torch.round(held * 100) >= period
+        return actions((torch.where(flip, -side, side)).long() + FLAT)
+
+    return act
+
+
+def test_a_policy_with_its_own_clock_is_exact_and_a_pass_cap_says_how_much_is():
+    r1, tr1, pos1, _ = walk(clocked(7), 1)
+    r, tr, pos, passes = walk(clocked(7), 16)
+    assert passes > 8 and torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(pos, pos1)
+    data = random_market(640, seed=3)
+    ev = Evaluator(COSTS, data, 16)
+    rc, _ = ev.run(clocked(7), 20, 620, max_passes=3)
+    assert ev.last_passes == 3 and 0 < ev.last_exact < 1
+    exact = round(ev.last_exact * len(r1))
+    assert exact >= 3 * 38 and torch.equal(rc[:exact], r1[:exact])  # 38 bars a piece
+    assert not torch.equal(rc, r1)
+    ev.run(clocked(7), 20, 620, max_passes=50)
+    assert ev.last_exact == 1.0

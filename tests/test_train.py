@@ -255,16 +255,37 @@ def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, 
     assert metrics_of(res) == metrics_of(fresh)
 
 
-def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
+@pytest.mark.parametrize("val_passes", [None, 1])
+def test_best_checkpoint_reproduces_the_val_and_test_metrics(
+    demo_es, tmp_path, monkeypatch, val_passes
+):
+    """The fold's reported val and test metrics are the checkpoint's, evaluated exactly; also
+    where the epochs' validation was cut to one pass (val_passes 1: the pieces start flat, as
+    the cap on VAL_PASSES leaves a policy with its own clock), so that the choice of the epoch
+    was made on a near-exact value."""
     from safetensors.torch import load_file
 
+    from foxhunt.train import core
     from foxhunt.train.agents.dqn import RainbowAgent
     from foxhunt.train.data import MarketData
     from foxhunt.train.evaluate import Evaluator
     from foxhunt.train.metrics import periods_per_year, trading_metrics
 
+    exact = []
+    if val_passes is not None:
+        monkeypatch.setattr(core, "VAL_PASSES", val_passes)
+        run = Evaluator.run
+
+        def spy(self, *a, **kw):
+            out = run(self, *a, **kw)
+            if kw.get("max_passes") is not None:
+                exact.append(self.last_exact)
+            return out
+
+        monkeypatch.setattr(Evaluator, "run", spy)
     cfg = tiny_cfg(demo_es, tmp_path, fold_ids=(1,))
     res = run_train(cfg, NullLogger())
+    assert val_passes is None or max(exact) < 1.0  # the cap bound at every epoch, the best too
     ckpt = res.run_dir / "fold-1" / "best.safetensors"
     meta = json.loads(ckpt.with_suffix(".json").read_text())
     assert meta["epoch"] == res.folds[0]["best_epoch"]
@@ -280,11 +301,14 @@ def test_best_checkpoint_reproduces_the_test_metrics(demo_es, tmp_path):
     agent.z.copy_(tensors["support.z"])
     fold = next(f for f in json.loads(demo_es[1].read_text())["folds"] if f["fold"] == 1)
     ev = Evaluator(cfg.env, data, cfg.eval_segments)
-    r, tr = ev.run(
-        lambda t, p: agent.act(agent.state(t, p), noise=False), fold["test_start"], fold["test_end"]
-    )
-    got = trading_metrics(r, tr, periods_per_year(cache.timestamps), ev.last_positions)
-    assert got == res.folds[0]["test"]
+    for part in ("val", "test"):
+        r, tr = ev.run(
+            lambda t, p: agent.act(agent.state(t, p), noise=False),
+            fold[f"{part}_start"], fold[f"{part}_end"],
+        )  # fmt: skip
+        got = trading_metrics(r, tr, periods_per_year(cache.timestamps), ev.last_positions)
+        assert got == {k: v for k, v in res.folds[0][part].items() if k != "exact"}
+    assert res.folds[0]["val"]["exact"] == 1.0
     # The normaliser is the train range's.
     x = data.mkt[fold["train_start"] : fold["train_end"]].double()
     torch.testing.assert_close(data.mean.double(), x.mean(0), rtol=1e-5, atol=1e-6)

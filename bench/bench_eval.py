@@ -1,0 +1,90 @@
+"""Exact evaluation's time by piece count: a DQN's greedy policy (two epochs of training at the
+GPU defaults, so that it trades) and a thresholded signal, walked over a val range of the
+standard market (29% of the 2M bars: a month of the plan's folds) in K pieces that carry their
+state (foxhunt.train.evaluate). Every K must give the same returns; the fastest sets the GPU's
+default piece count.
+
+    python3 bench/bench_eval.py                 on a CUDA device (captured steps)
+    python3 bench/bench_eval.py --cpu-smoke     20k bars, tiny DQN, eager
+
+Prints policy, pieces, median ms an evaluation (of 7), passes, and whether the returns equal
+the first piece count's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from foxhunt.bench.workload import standard_market
+from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.baselines import signal_policy
+from foxhunt.train.data import MarketData
+from foxhunt.train.env import EnvConfig
+from foxhunt.train.evaluate import Evaluator
+
+TINY = {"envs": 64, "batch_size": 64, "collect_steps": 8, "learn_steps": 8,
+        "replay_capacity": 4096}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--pieces", default=None, help="comma-separated piece counts")
+    args = ap.parse_args()
+    smoke = args.cpu_smoke
+    dev = torch.device("cpu" if smoke else "cuda")
+    n = 20_000 if smoke else 2_000_000
+    feats, ofi, ohlc = standard_market(n)
+    data = MarketData(feats, ofi, ohlc, dev)
+    train = (0, int(n * 0.6))
+    val = (train[1], train[1] + n * 29 // 200)
+    cfg = DQNConfig(capture="eager", compile=False, **(TINY if smoke else {}))
+    agent = RainbowAgent(cfg, EnvConfig(), data, 0)
+    agent.reset_fold(*train, seed=1)
+    for e in range(2):
+        agent.begin_epoch(e, 2)
+        agent.collect()
+        agent.learn()
+    policies = {
+        "dqn": agent.greedy,
+        "signal": signal_policy(torch.tensor(feats[:, 0], device=dev), 1.0),
+    }
+    default = "16,64,256" if smoke else "1024,2048,4096,8192,16384"
+    counts = [int(k) for k in (args.pieces or default).split(",")]
+    graph = not smoke
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    print(f"{val[1] - val[0]} val bars on {dev}")
+    print(f"{'policy':8s} {'pieces':>7s} {'ms':>8s} {'passes':>6s}  same returns")
+    for name, policy in policies.items():
+        first = None
+        for k in counts:
+            ev = Evaluator(EnvConfig(), data, k, capture=graph)
+            ev.run(policy, *val, graph=graph)  # captures on a GPU
+            times = []
+            for _ in range(3 if smoke else 7):
+                sync()
+                t0 = time.perf_counter()
+                r, _ = ev.run(policy, *val, graph=graph)
+                sync()
+                times.append(time.perf_counter() - t0)
+            r = r.clone()
+            first = r if first is None else first
+            same = torch.equal(r, first)
+            print(f"{name:8s} {k:7d} {statistics.median(times) * 1e3:8.1f} {ev.last_passes:6d}  "
+                  f"{same}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
