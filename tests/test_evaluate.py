@@ -172,3 +172,66 @@ def test_a_policy_with_its_own_clock_is_exact_and_a_pass_cap_says_how_much_is():
     assert not torch.equal(rc, r1)
     ev.run(clocked(7), 20, 620, max_passes=50)
     assert ev.last_exact == 1.0
+
+
+def carried_by_loop(state: torch.Tensor, live: int, L: int) -> torch.Tensor:
+    """The next pass's starts as the evaluator computed them before, one piece at a time."""
+    used, end = state[0].T.tolist(), state[L].T.tolist()
+    side = torch.sign(state[:, 0, :live])
+    held = ((side == side[0]).all(0) & (side[0] != 0)).tolist()
+    start = list(used)
+    for k in range(1, live):
+        s, u, e = start[k - 1], used[k - 1], end[k - 1]
+        if held[k - 1] and (s[0] > 0) == (u[0] > 0) and s[0] != 0 and s != u:
+            start[k] = [e[0], s[1], s[2] + e[2] - u[2]]
+        else:
+            start[k] = e
+    return torch.tensor(start, dtype=state.dtype).T
+
+
+def pass_states(g: torch.Generator, K: int, L: int) -> torch.Tensor:
+    """[L + 1, 3, K] states of a pass as the env makes them: each piece from a random start,
+    sizes changed at random, on one side all along for ~60% of the pieces (so that runs of
+    them pass their starts on), else flipping or going flat now and then; the entry price is set
+    where a position opens, the bars held count on it and restart at 0 flat, 1 on opening."""
+    state = torch.zeros(L + 1, 3, K)
+    for k in range(K):
+        pos = float(torch.randint(-2, 3, (), generator=g)) / 2
+        entry = 100.0 + float(torch.randint(0, 9, (), generator=g)) if pos else 0.0
+        hold = float(torch.randint(1, 40, (), generator=g)) if pos else 0.0
+        one_side = pos != 0 and bool(torch.rand((), generator=g) < 0.6)
+        for t in range(L + 1):
+            state[t, :, k] = torch.tensor([pos, entry, hold])
+            size = float(torch.randint(1, 3, (), generator=g)) / 2
+            new = (
+                (1 if pos > 0 else -1) * size
+                if one_side
+                else size * float(torch.randint(-1, 2, (), generator=g))
+            )
+            if new != 0 and (new > 0) != (pos > 0) or pos == 0 and new != 0:
+                entry, hold = 100.0 + float(torch.randint(0, 9, (), generator=g)), 1.0
+            elif new == 0:
+                entry, hold = 0.0, 0.0
+            else:
+                hold += 1.0
+            pos = new
+    return state
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_next_pass_starts_are_the_piece_by_piece_loop_s(seed):
+    """`_carried` (segmented on the device) against the loop over pieces it replaced, on pass
+    states the env could make, a few pieces past the range's live ones."""
+    g = torch.Generator().manual_seed(seed)
+    K, L = 40, 6
+    live = K - seed
+    state = pass_states(g, K, L)
+    ev = Evaluator(COSTS, random_market(64, seed=1), K)
+    ev.state = state
+    got = ev._carried(live, L)
+    assert torch.equal(got, carried_by_loop(state, live, L))
+    assert (got[:, live:] == state[0][:, live:]).all()
+    held = (torch.sign(state[:, 0]) == torch.sign(state[0, 0])).all(0) & (state[0, 0] != 0)
+    assert held.sum() > K // 3 and not torch.equal(
+        got, torch.cat([state[0, :, :1], state[L, :, :-1]], 1)
+    )

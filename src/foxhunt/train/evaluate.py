@@ -182,19 +182,34 @@ class Evaluator:
         short, whatever its size: the entry price stays, the bars held count on), that start
         moved on by the piece: the same entry, as many more bars held, this pass's end
         position. A policy that holds one side across many pieces then needs one more pass,
-        not one a piece. The next pass checks the guess like any other start."""
-        used = self.state[0].T.contiguous().tolist()  # [K][3] floats: a fast loop over pieces
-        end = self.state[L].T.contiguous().tolist()
+        not one a piece. The next pass checks the guess like any other start.
+
+        On the device, without a loop over pieces: every start's position is its predecessor's
+        end position, so whether piece k - 1 passes its start on (it stayed on one side, and
+        starts the next pass on that side) is known for every k at once; a start that is passed
+        on keeps the entry of the last piece that took its predecessor's end (a segmented
+        carry: the index of that piece by a running maximum) and adds the bars each piece held
+        since (a difference of running sums: bars held are whole numbers, exact in float32).
+        Where the start is the one this pass used, passing it on gives the predecessor's end
+        (the entry stayed, the bars held counted on), as the loop this replaces did."""
+        used, end = self.state[0], self.state[L]  # [3, K]
         side = torch.sign(self.state[:, 0, :live])
-        held = ((side == side[0]).all(0) & (side[0] != 0)).tolist()
-        start = list(used)
-        for k in range(1, live):
-            s, u, e = start[k - 1], used[k - 1], end[k - 1]
-            if held[k - 1] and (s[0] > 0) == (u[0] > 0) and s[0] != 0 and s != u:
-                start[k] = [e[0], s[1], s[2] + e[2] - u[2]]
-            else:
-                start[k] = e
-        return torch.tensor(start, dtype=self.state.dtype).T.to(self.state.device)
+        held = (side == side[0]).all(0) & (side[0] != 0)  # [live]
+        start = used.clone()
+        if live < 2:
+            return start
+        pos = torch.cat([used[0, :1], end[0, : live - 1]])  # the next pass's start positions
+        carry = held[:-1] & (torch.sign(pos[:-1]) == side[0, :-1])  # piece k - 1 passes on
+        k = torch.arange(live, device=used.device)
+        took = torch.cat([torch.ones(1, dtype=torch.bool, device=used.device), ~carry])
+        last = torch.cummax(torch.where(took, k, torch.zeros_like(k)), 0).values
+        base = torch.cat([used[:, :1], end[:, : live - 1]], 1)  # a start that took its own
+        more = torch.cumsum(end[2, : live - 1] - used[2, : live - 1], 0)  # bars held, running
+        bars = torch.cat([used.new_zeros(1), more])
+        start[0, :live] = pos
+        start[1, :live] = base[1].index_select(0, last)
+        start[2, :live] = base[2].index_select(0, last) + bars - bars.index_select(0, last)
+        return start
 
     def _begin(self, policy: Policy, state: torch.Tensor | None) -> None:
         """Every piece at its first bar, flat (None) or in `state` [3, K] (see `_key`; a column
