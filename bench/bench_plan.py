@@ -3,7 +3,7 @@ train`'s own path, timed from the process's start to its results, with a cold an
 compile cache.
 
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
-                                                                 18: <= 30 s on one H200)
+                                [--eval-segments N]              18: <= 30 s on one H200)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
