@@ -47,8 +47,8 @@ VAL_PASSES = 8
 """Passes the training loop's per-epoch validation may take (`run`'s max_passes). A policy that
 keeps an internal clock (its exits and flips timed by the bars held or the unrealised PnL) can
 follow a path from a wrong start that never rejoins the true one, each further pass then makes
-only one more piece exact, and the walk costs as many steps as a sequential one: 2-35 s a pass
-over a 290k-bar range on an H200, where 2-3 passes take ~50 ms. The epochs are chosen on such a
+only one more piece exact, and the walk costs as many steps as a sequential one: up to 35 s
+for a 290k-bar range on an H200, where 2-3 passes take ~50 ms. The epochs are chosen on such a
 near-exact value; what a fold reports is evaluated exactly (foxhunt.train.core)."""
 
 
