@@ -118,16 +118,25 @@ def test_a_killed_rank_ends_the_job_and_a_restart_resumes_to_the_same_results(de
            "--run-id", "ddp", "--tracking", "none", "--no-baselines", "--eval-segments", "16",
            *args]  # fmt: skip
     env = os.environ | {"OMP_NUM_THREADS": "1"}
+    # Its own session, so that a failure below can end the launcher and every rank at once.
     job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           env=env)  # fmt: skip
-    deadline = time.time() + 300
-    while not list((tmp_path / "cut").glob("ddp/*/resume-rank1.pt")):
-        assert job.poll() is None and time.time() < deadline, "the job ended before epoch 1"
-        time.sleep(0.05)
-    # The workers are the launcher's children: kill the newest (rank 1).
-    children = Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()
-    os.kill(int(children[-1]), signal.SIGKILL)
-    out, _ = job.communicate(timeout=300)
+                           env=env, start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.time() + 300
+        while not list((tmp_path / "cut").glob("ddp/*/resume-rank1.pt")):
+            assert job.poll() is None and time.time() < deadline, "the job ended before epoch 1"
+            time.sleep(0.05)
+        # The ranks are the launcher's children started by multiprocessing's spawn (its resource
+        # tracker is a child too): kill the newest rank.
+        kids = Path(f"/proc/{job.pid}/task/{job.pid}/children").read_text().split()
+        ranks = [int(p) for p in kids if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(ranks) == 2, kids
+        os.kill(max(ranks), signal.SIGKILL)
+        out, _ = job.communicate(timeout=180)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
     assert job.returncode != 0, out[-2000:]
     (run,) = (tmp_path / "cut" / "ddp").iterdir()
     assert not (run / "results.json").exists()
