@@ -40,7 +40,10 @@ def test_two_dqn_ranks_keep_identical_weights_and_rank_0_alone_writes(demo_es, t
     assert p.stdout.count("mean over 2 fold(s)") == 1  # rank 0 alone prints the summary
     (run,) = (tmp_path / "ddp").iterdir()
     assert (run / "results.json").is_file() and (run / "fold-1" / "best.safetensors").is_file()
-    assert sorted(x.name for x in run.glob("resume*.pt")) == ["resume-rank1.pt", "resume.pt"]
+    # Each rank keeps its own resume file and the one before it (core.read_resume says why).
+    assert sorted(x.name for x in run.glob("resume*.pt")) == [
+        "resume-rank1.prev.pt", "resume-rank1.pt", "resume.prev.pt", "resume.pt"
+    ]
     doc = json.loads((run / "results.json").read_text())
     assert [f["fold"] for f in doc["folds"]] == [0, 1]
 
@@ -101,11 +104,18 @@ def _diverge(rank: int, store: str) -> None:
 
 def test_a_killed_rank_ends_the_job_and_a_restart_resumes_to_the_same_results(demo_es, tmp_path):
     """SIGKILL one rank of a running job: torchrun ends the job (non-zero exit); the same
-    command again (same run id) resumes every rank from its own resume file and ends with the
-    metrics of a job that was never interrupted."""
+    command again (same run id) resumes every rank from its own resume files and ends with the
+    metrics of a job that was never interrupted. The ranks write their resume files each on
+    its own thread, so a killed job can leave one rank's an epoch ahead (seen: the restart then
+    hung, its ranks' collectives out of step); the test makes sure it does, and the ranks must
+    resume together from the epoch they both saved."""
     import signal
     import time
     from pathlib import Path
+
+    import torch
+
+    from foxhunt.train.core import previous_of, resume_position
 
     cache, folds = demo_es
     args = ["--model", "dqn", "--epochs", "6", "--fold-ids", "0", "--dqn.envs", "64",
@@ -123,8 +133,8 @@ def test_a_killed_rank_ends_the_job_and_a_restart_resumes_to_the_same_results(de
                            env=env, start_new_session=True)  # fmt: skip
     try:
         deadline = time.time() + 300
-        while not list((tmp_path / "cut").glob("ddp/*/resume-rank1.pt")):
-            assert job.poll() is None and time.time() < deadline, "the job ended before epoch 1"
+        while len(list((tmp_path / "cut").glob("ddp/*/resume*.prev.pt"))) < 2:
+            assert job.poll() is None and time.time() < deadline, "the job ended before epoch 2"
             time.sleep(0.05)
         # The ranks are the launcher's children started by multiprocessing's spawn (its resource
         # tracker is a child too): kill the newest rank.
@@ -140,6 +150,13 @@ def test_a_killed_rank_ends_the_job_and_a_restart_resumes_to_the_same_results(de
     assert job.returncode != 0, out[-2000:]
     (run,) = (tmp_path / "cut" / "ddp").iterdir()
     assert not (run / "results.json").exists()
+    files = [run / "resume.pt", run / "resume-rank1.pt"]
+    at = [resume_position(torch.load(f, weights_only=False)) for f in files]
+    if at[0] == at[1]:  # rank 0 an epoch behind: its previous file becomes its last
+        os.replace(previous_of(files[0]), files[0])
+        at[0] = resume_position(torch.load(files[0], weights_only=False))
+    print("resume positions (folds done, epoch) of rank 0 and 1:", at)
+    assert at[0] != at[1] and abs(at[0][1] - at[1][1]) == 1, at  # one fold, epochs apart
     retry = torchrun_train(demo_es, tmp_path / "cut", *args)  # the same command again
     assert "continued run ddp" in retry.stdout  # resumed, not trained afresh
     (ref,) = (tmp_path / "whole" / "ddp").iterdir()

@@ -360,10 +360,58 @@ class Clock:
         return out
 
 
-def _save_atomic(obj, path: Path) -> None:
+def _save_atomic(obj, path: Path, keep_previous: bool = False) -> None:
+    """`obj` to `path` whole or not at all; with `keep_previous`, the file it replaces stays as
+    `previous_of(path)` (a hard link, so that at every moment both names hold a whole file)."""
     tmp = temp_path(path)
     torch.save(obj, tmp)
+    if keep_previous and path.exists():
+        prev = previous_of(path)
+        link = temp_path(prev)
+        link.unlink(missing_ok=True)
+        os.link(path, link)
+        os.replace(link, prev)
     os.replace(tmp, path)
+
+
+def previous_of(path: Path) -> Path:
+    """Where a rank keeps its resume file of the epoch before (`resume-rank1.prev.pt`)."""
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
+def resume_position(state: dict) -> tuple[int, int]:
+    """How far a resume state got: (folds finished, the epoch of the fold in progress, or -1
+    between folds). Later positions compare greater."""
+    return len(state["results"]), state["epoch"] if state.get("fold") is not None else -1
+
+
+def read_resume(run_dir: Path, resume: bool) -> dict | None:
+    """This rank's resume state in `run_dir`, if any (None with `resume` off).
+
+    In a data-parallel job every rank resumes from the same epoch, else their collectives no
+    longer pair up and the job hangs. The ranks' resume files are written each on its own
+    thread, so a job ended by a killed rank can leave one rank's file an epoch ahead of
+    another's: each rank keeps the file before its last (`previous_of`), and the ranks take the
+    latest position they all have, or start afresh together where they share none."""
+    path = run_dir / distributed.resume_name()
+    if not resume:
+        return None
+    if distributed.world()[1] == 1:
+        return load_resume(path) if path.exists() else None
+    found: dict[tuple[int, int], dict] = {}
+    for p in (path, previous_of(path)):
+        if p.exists():
+            state = load_resume(p)
+            found.setdefault(resume_position(state), state)
+    common = distributed.common(set(found))
+    if not common:
+        if found:
+            log.warning(
+                "%s: the ranks' resume files share no epoch (this rank's: %s): starting afresh",
+                path, sorted(found),
+            )  # fmt: skip
+        return None
+    return found[max(common)]
 
 
 class ResumeWriter:
@@ -381,8 +429,11 @@ class ResumeWriter:
         self._pending: Future | None = None
 
     def save(self, obj, path: Path) -> None:
+        """`obj` to `path` after the previous write; in a job of several ranks the file it
+        replaces is kept (`read_resume` says why)."""
         self.wait()
-        self._pending = self._pool.submit(_save_atomic, obj, path)
+        keep = distributed.world()[1] > 1
+        self._pending = self._pool.submit(_save_atomic, obj, path, keep)
 
     def wait(self) -> None:
         """Until the last write has landed; a failed write is raised here."""
@@ -551,11 +602,7 @@ def _run(
     with contextlib.ExitStack() as notes:
         for _, digest, run_dir in tasks if main else ():
             notes.enter_context(failure_note(run_dir, digest))
-        states = []
-        for _, _, run_dir in tasks:
-            resume_path = run_dir / distributed.resume_name()  # every rank keeps its own
-            resume = cfg.resume and resume_path.exists()
-            states.append(load_resume(resume_path) if resume else None)
+        states = [read_resume(run_dir, cfg.resume) for _, _, run_dir in tasks]
         try:
             data = MarketData.from_fxcache(cache, device)
         except DataError as e:

@@ -18,8 +18,8 @@ torchrun starts one process per GPU and sets RANK, WORLD_SIZE and LOCAL_RANK; `f
   and the optimiser state stay identical on every rank.
 
 Rank 0 alone writes: checkpoints, results, test returns, MLflow. Every rank keeps its own resume
-file (its envs and replay are its own), so a job that a killed rank ended resumes, when torchrun
-or the pipeline restarts it, where every rank stopped.
+file (its envs and replay are its own), and the one before it, so a job that a killed rank ended
+resumes, when torchrun or the pipeline restarts it, from the last epoch every rank saved.
 """
 
 from __future__ import annotations
@@ -90,6 +90,15 @@ def shared(value):
     box = [value]
     dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def common(keys: set) -> set:
+    """The keys every rank holds (`keys` itself for one process). One small all-gather."""
+    if world()[1] == 1:
+        return keys
+    everyone: list = [None] * world()[1]
+    dist.all_gather_object(everyone, keys)
+    return set.intersection(*everyone)
 
 
 class RanksDiverged(RuntimeError):
