@@ -208,7 +208,7 @@ def pass_states(g: torch.Generator, K: int, L: int) -> torch.Tensor:
                 if one_side
                 else size * float(torch.randint(-1, 2, (), generator=g))
             )
-            if new != 0 and (new > 0) != (pos > 0) or pos == 0 and new != 0:
+            if new != 0 and (pos == 0 or (new > 0) != (pos > 0)):
                 entry, hold = 100.0 + float(torch.randint(0, 9, (), generator=g)), 1.0
             elif new == 0:
                 entry, hold = 0.0, 0.0
