@@ -91,8 +91,10 @@ lock: setup ## Regenerate images/requirements.lock and images/mlflow.lock (uv pi
 ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
 	$(BIN)/mlflow ui --backend-store-uri sqlite:///$(CURDIR)/mlflow.db --host 127.0.0.1 --port 5000
 
-test: setup ## Run the test suite (no GPU needed)
-	$(BIN)/python -m pytest -q
+# A pytest worker per core, at most four (each holds a copy of the demo models' working set).
+TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+test: setup ## Run the test suite (no GPU needed), TEST_WORKERS processes side by side
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 lint: setup ## Check format and lint with ruff
 	$(BIN)/ruff format --check src tests bench components pipelines images infra

@@ -6,11 +6,41 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `make test` runs a worker per core: one thread each (and in the processes they start), so
+    # that the workers do not fight over the cores.
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 from foxhunt.synth.generate import SynthConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FOXHUNT_SHARED", REPO.parent / "shared"))
 SAMPLES = SHARED / "data" / "databento-samples"
+
+
+def built_once(tmp_path_factory, name: str, build) -> Path:
+    """A folder `build(folder)` fills once per test session: under pytest-xdist the workers share
+    it (the first builds it under a file lock, the others wait and reuse it)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        out = tmp_path_factory.mktemp(name)
+        build(out)
+        return out
+    from filelock import FileLock
+
+    out = tmp_path_factory.getbasetemp().parent / name  # the session's folder, above the workers'
+    with FileLock(f"{out}.lock"):
+        if not (out / ".built").is_file():
+            if out.exists():  # a worker that failed half-way
+                import shutil
+
+                shutil.rmtree(out)
+            out.mkdir()
+            build(out)
+            (out / ".built").touch()
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -23,12 +53,14 @@ def samples() -> Path:
 @pytest.fixture(scope="session")
 def small_raw(tmp_path_factory) -> Path:
     """Three trading days of ES and NQ across the March 2024 roll, few events per bar."""
-    out = tmp_path_factory.mktemp("raw")
-    generate(
-        SynthConfig(out=out, start=dt.date(2024, 3, 6), end=dt.date(2024, 3, 9), events_per_bar=8),
-        workers=1,
-    )
-    return out
+    return built_once(
+        tmp_path_factory, "raw",
+        lambda out: generate(
+            SynthConfig(out=out, start=dt.date(2024, 3, 6), end=dt.date(2024, 3, 9),
+                        events_per_bar=8),
+            workers=1,
+        ),
+    )  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -38,9 +70,13 @@ def demo_es(tmp_path_factory) -> tuple[Path, Path]:
     from foxhunt.ingest.core import IngestConfig, run_ingest
     from foxhunt.precompute import PrecomputeConfig, run_precompute
 
-    root = tmp_path_factory.mktemp("demo")
-    generate(SynthConfig(out=root / "raw", symbols=("ES",)), workers=2)
-    run_ingest(IngestConfig(raw=root / "raw", out=root / "ingested"))
-    run_precompute(PrecomputeConfig(data=root / "ingested", out=root / "fxcache", symbols=("ES",)))
-    folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="ES", out=root / "ES.json"))
-    return root / "fxcache", folds
+    def build(root: Path) -> None:
+        generate(SynthConfig(out=root / "raw", symbols=("ES",)), workers=2)
+        run_ingest(IngestConfig(raw=root / "raw", out=root / "ingested"))
+        run_precompute(
+            PrecomputeConfig(data=root / "ingested", out=root / "fxcache", symbols=("ES",))
+        )
+        run_folds(FoldsConfig(cache=root / "fxcache", symbol="ES", out=root / "ES.json"))
+
+    root = built_once(tmp_path_factory, "demo", build)
+    return root / "fxcache", root / "ES.json"
