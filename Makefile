@@ -94,7 +94,7 @@ ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
 # A pytest worker per core, at most four (each holds a copy of the demo models' working set).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: setup ## Run the test suite (no GPU needed), TEST_WORKERS processes side by side
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
 
 lint: setup ## Check format and lint with ruff
 	$(BIN)/ruff format --check src tests bench components pipelines images infra
