@@ -42,7 +42,10 @@ def test_two_dqn_ranks_keep_identical_weights_and_rank_0_alone_writes(demo_es, t
     assert (run / "results.json").is_file() and (run / "fold-1" / "best.safetensors").is_file()
     # Each rank keeps its own resume file and the one before it (core.read_resume says why).
     assert sorted(x.name for x in run.glob("resume*.pt")) == [
-        "resume-rank1.prev.pt", "resume-rank1.pt", "resume.prev.pt", "resume.pt"
+        "resume-rank1.prev.pt",
+        "resume-rank1.pt",
+        "resume.prev.pt",
+        "resume.pt",
     ]
     doc = json.loads((run / "results.json").read_text())
     assert [f["fold"] for f in doc["folds"]] == [0, 1]
@@ -152,7 +155,7 @@ def test_a_killed_rank_ends_the_job_and_a_restart_resumes_to_the_same_results(de
     assert not (run / "results.json").exists()
     files = [run / "resume.pt", run / "resume-rank1.pt"]
     at = [resume_position(torch.load(f, weights_only=False)) for f in files]
-    if at[0] == at[1]:  # rank 0 an epoch behind: its previous file becomes its last
+    if at[0] == at[1]:  # no skew left: rank 0 goes an epoch back (its previous file as its last)
         os.replace(previous_of(files[0]), files[0])
         at[0] = resume_position(torch.load(files[0], weights_only=False))
     print("resume positions (folds done, epoch) of rank 0 and 1:", at)
