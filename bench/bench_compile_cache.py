@@ -39,10 +39,11 @@ from pathlib import Path
 import numpy as np
 import torch
 mark("torch_import")
+from foxhunt.train.core import use_compile_cache
+use_compile_cache(Path(sys.argv[3]))  # first, as a task does: the caches' paths are set
+mark("foxhunt_import")
 import torch._dynamo, torch._inductor.compile_fx  # what the first torch.compile imports
 mark("compiler_imports")
-from foxhunt.train.core import use_compile_cache
-use_compile_cache(Path(sys.argv[3]))
 from foxhunt.bench.workload import model_config
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.data import MarketData
@@ -51,7 +52,7 @@ model, sets = sys.argv[4], json.loads(sys.argv[5])
 dev, market = torch.device(sys.argv[6]), np.load(sys.argv[7])
 if dev.type == "cuda":
     torch.cuda.init()
-mark("foxhunt_and_cuda_init")
+mark("modules_and_cuda_init")
 data = MarketData(market["feats"], market["ofi"], market["ohlc"], dev)
 n = data.n
 mark("data")
