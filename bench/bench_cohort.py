@@ -8,13 +8,14 @@ model's GPU defaults).
     python3 bench/bench_cohort.py --cpu-smoke       tiny sizes on the CPU: checks the script runs
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
-agents each on a CUDA stream of its own (`streams`). Each: the agents built (seeds 0..K-1),
-captured as CUDA graphs (uncompiled by default: K compiled agents compile K times; `--compile`
-to include it), a fold reset, `--warmup` epochs, then the median of `--epochs` timed epochs
-(collection and learning of every agent; evaluation is not part of it, as in `foxhunt bench`'s
-train_s). Prints a table, and whether the forms trained alike (every agent's statistics of the
-last epoch the same in each form, agent 0's the same as the lone agent's); JSON to $OUT or
-/tmp.
+agents each on a CUDA stream of its own (`streams`); for the DQN, K agents stacked into one
+(`stacked`, foxhunt.train.agents.dqn_stacked: each step vmapped over the agents). Each: the
+agents built (seeds 0..K-1), captured as CUDA graphs (uncompiled by default: K compiled
+agents compile K times; `--compile` to include it), a fold reset, `--warmup` epochs, then the
+median of `--epochs` timed epochs (collection and learning of every agent; evaluation is not
+part of it, as in `foxhunt bench`'s train_s). `--forms` picks forms. Prints a table, and whether
+the unstacked forms trained alike (every agent's statistics of the last epoch the same in each,
+agent 0's the same as the lone agent's); JSON to $OUT or /tmp.
 """
 
 from __future__ import annotations
@@ -45,11 +46,11 @@ def sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
-def time_form(model: str, cfg, data: MarketData, k: int, streams: bool, args) -> dict:
+def time_form(model: str, cfg, data: MarketData, k: int, form: str, args) -> dict:
     dev = data.device
     t0 = time.perf_counter()
     agents = [AGENTS[model].load()[1](cfg, EnvConfig(), data, seed=s) for s in range(k)]
-    cohort = Cohort(agents, streams=streams)
+    cohort = Cohort(agents, streams=form == "streams", stacked=form == "stacked")
     if agents[0].cfg.capture == "graph":
         cohort.capture()
     train = (0, int(data.n * 0.6))
@@ -82,6 +83,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument(
+        "--forms",
+        default="one,sequential,streams,stacked",
+        help="the forms to time, of one,sequential,streams,stacked",
+    )
     ap.add_argument("--sizes", choices=("default", "demo"), default="default",
                     help="the model's GPU defaults (the standard workload) or the demo's sizes "
                     "(foxhunt.train.demo: 512 DQN envs, batch 256, ...)")  # fmt: skip
@@ -101,26 +107,35 @@ def main() -> None:
         cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
     else:
         cfg = model_config(args.model, sets)
-    forms = [("one agent", 1, False), (f"{args.agents} sequential", args.agents, False)]
+    forms = [("one agent", 1, "sequential"),
+             (f"{args.agents} sequential", args.agents, "sequential")]  # fmt: skip
     if dev.type == "cuda":
-        forms.append((f"{args.agents} streams", args.agents, True))
+        forms.append((f"{args.agents} streams", args.agents, "streams"))
+    if args.model == "dqn":
+        forms.append((f"{args.agents} stacked", args.agents, "stacked"))
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     res: dict = {"device": name, "torch": torch.__version__, "model": args.model,
                  "compile": args.compile, "sizes": args.sizes, "forms": {}}  # fmt: skip
-    for label, k, streams in forms:
-        r = time_form(args.model, cfg, data, k, streams, args)
+    chosen = set(args.forms.split(","))
+    forms = [f for f in forms if f[0] == "one agent" or f[2] in chosen]
+    for label, k, form in forms:
+        r = time_form(args.model, cfg, data, k, form, args)
         res["forms"][label] = r | {"agents": k}
         one = res["forms"]["one agent"]["median_s"]
         print(f"{label:14s} epoch {r['median_s'] * 1e3:8.1f} ms = {r['median_s'] / one:5.2f}x one "
               f"agent's, {k * one / r['median_s']:4.2f} agents' epochs per one agent's epoch time "
               f"(set-up {r['setup_s']:.1f} s)", flush=True)  # fmt: skip
-    # The agents train alike in every form: the same statistics, bit for bit (each one's own
-    # generator; the same kernels on another stream).
-    many = [f for f in res["forms"].values() if f["agents"] == args.agents]
-    same = all(f["last_stats"] == many[0]["last_stats"] for f in many)
-    same &= many[0]["last_stats"][0] == res["forms"]["one agent"]["last_stats"][0]
+    # The agents train alike in every unstacked form: the same statistics, bit for bit (each
+    # one's own generator; the same kernels on another stream), agent 0 as the lone agent.
+    # Stacked, the kernels are other (wider) ones, and training carries their last bits'
+    # differences on: tests/test_cohort.py (CPU, bit for bit) and tests/test_train_gpu.py
+    # (GPU, to float tolerance) check it.
+    one = res["forms"]["one agent"]["last_stats"][0]
+    exact = [f["last_stats"] for k, f in res["forms"].items()
+             if f["agents"] == args.agents and not k.endswith("stacked")]  # fmt: skip
+    same = all(s == exact[0] for s in exact) and all(s[0] == one for s in exact)
     res["same_stats"] = same
-    print(f"every form's agents end their last epoch with the same statistics: {same}")
+    print(f"the unstacked forms' agents end their last epoch with the same statistics: {same}")
     path = Path(os.environ.get("OUT", "/tmp")) / "bench_cohort.json"
     path.write_text(json.dumps(res, indent=2))
     print(f"results in {path}")

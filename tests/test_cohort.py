@@ -67,6 +67,108 @@ def test_agents_side_by_side_train_as_each_would_alone(model):
     assert together[0] != together[1]
 
 
+STACKED = {
+    "c51": DQNConfig(**SMALL_DQN),
+    "dense-nstep-cql-online": DQNConfig(**SMALL_DQN, dense_inputs=True, n_step=3,
+                                        cql_alpha=0.1, act_with="online"),
+}  # fmt: skip
+# (`distribution="mean"` stacks too, but not bit for bit on a CPU: its value layer is one
+# output wide, and a batched product that narrow runs another kernel than a lone one.)
+
+
+@pytest.mark.parametrize("variant", list(STACKED))
+def test_stacked_agents_train_as_each_would_alone(variant):
+    """Three DQN agents stacked into one (foxhunt.train.agents.dqn_stacked: each step the lone
+    agent's code under vmap): each one's statistics every epoch and final weights equal
+    training it alone, bit for bit. At one thread: with more, a CPU splits a wide matrix
+    product or sum between its threads otherwise than a narrow one, and the last bits differ."""
+    cfg, seeds = STACKED[variant], [11, 12, 13]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        data = random_market(3000, 0)
+        cohort = Cohort([RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=s)
+                         for s in seeds], stacked=True)  # fmt: skip
+        together = [[] for _ in seeds]
+        for k, (lo, hi) in enumerate(FOLDS):
+            cohort.reset_fold(lo, hi, [s * 10 + k for s in seeds])
+            for e in range(2):
+                cohort.begin_epoch(e, 2)
+                cohort.train_epoch()
+                for i, st in enumerate(cohort.read_stats()):
+                    together[i].append(st)
+        for i, seed in enumerate(seeds):
+            stats, params = train_alone(RainbowAgent, cfg, data, seed,
+                                        [seed * 10 + k for k in range(2)])  # fmt: skip
+            assert together[i] == stats, (variant, i)
+            assert torch.equal(torch.cat([p.detach().flatten()
+                                          for p in cohort.agents[i].params]), params)  # fmt: skip
+        assert together[0] != together[1]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_stacked_agents_snapshot_and_restore_each_on_its_own():
+    """A stacked agent's resume state is its own slice: restoring one agent's snapshot after
+    more training brings back its statistics and weights and leaves the other agent's alone."""
+    data = random_market(3000, 0)
+    agents = [RainbowAgent(DQNConfig(**SMALL_DQN), EnvConfig(episode_bars=200), data, seed=s)
+              for s in (1, 2)]  # fmt: skip
+    cohort = Cohort(agents, stacked=True)
+    cohort.reset_fold(100, 2000, [1, 2])
+    cohort.train_epoch()
+    saved = agents[0].snapshot()
+    other = agents[1].flat.detach().clone()
+    cohort.train_epoch()
+    moved = agents[1].flat.detach().clone()
+    assert not torch.equal(moved, other)
+    agents[0].restore(saved)
+    now = agents[0].snapshot()
+    assert all(torch.equal(now[k], v) for k, v in saved.items() if k != "rng")
+    assert torch.equal(agents[1].flat.detach(), moved)
+
+
+def test_the_stacked_sampler_draws_what_each_replay_would():
+    """sample_rows (the GPU's one scan over all the agents' priorities) against Replay.sample
+    on each row: the same slots and weights, with empty slots and a replay not yet full."""
+    from foxhunt.train.agents.dqn import Replay
+    from foxhunt.train.agents.dqn_stacked import sample_rows
+
+    g = torch.Generator().manual_seed(0)
+    K, C, B = 5, 3000, 256
+    prio = torch.rand(K, C, generator=g) ** 3
+    prio[:, 2500:] = 0.0  # not yet written
+    prio[2, :100] = 0.0  # incomplete transitions
+    u = torch.rand(K, B, generator=g)
+    idx, w = sample_rows(prio, u, torch.tensor(0.4))
+    for k in range(K):
+        r = Replay(C, torch.device("cpu"))
+        r.prio.copy_(prio[k])
+        r.beta.fill_(0.4)
+        i2, w2 = r.sample(u[k])
+        assert torch.equal(idx[k], i2)
+        torch.testing.assert_close(w[k], w2, rtol=0, atol=0)
+        assert bool((prio[k][idx[k]] > 0).all())
+
+
+def test_what_cannot_be_stacked_is_refused_with_the_reason():
+    data = random_market(3000, 0)
+
+    def agent(seed=1, **kw):
+        return RainbowAgent(DQNConfig(**SMALL_DQN | kw), EnvConfig(), data, seed=seed)
+
+    with pytest.raises(ValueError, match="configurations differ"):
+        Cohort([agent(1), agent(2, lr=3e-4)], stacked=True)
+    with pytest.raises(ValueError, match="noisy nets and IQN"):
+        Cohort([agent(1, noisy=True, epsilon=0.0), agent(2, noisy=True, epsilon=0.0)],
+               stacked=True)  # fmt: skip
+    with pytest.raises(ValueError, match="noisy nets and IQN"):
+        Cohort([agent(1, distribution="iqn"), agent(2, distribution="iqn")], stacked=True)
+    ppo = PPOAgent(PPOConfig(envs=64, rollout_steps=8), EnvConfig(), data, seed=3)
+    with pytest.raises(ValueError, match="Rainbow DQN"):
+        Cohort([ppo, ppo], stacked=True)
+
+
 def test_a_cohort_refuses_what_it_cannot_train_together():
     a = RainbowAgent(DQNConfig(**SMALL_DQN), EnvConfig(), random_market(3000, 0), seed=1)
     b = RainbowAgent(DQNConfig(**SMALL_DQN), EnvConfig(), random_market(3000, 0), seed=2)

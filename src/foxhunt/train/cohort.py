@@ -27,12 +27,16 @@ from collections.abc import Callable, Sequence
 import torch
 
 from foxhunt.train.agents.common import on_streams
+from foxhunt.train.agents.dqn_stacked import StackedRainbow
 
 
 class Cohort:
-    def __init__(self, agents: Sequence, streams: bool | None = None):
+    def __init__(self, agents: Sequence, streams: bool | None = None, stacked: bool = False):
         """`agents`: built over one `MarketData`, with the same number of rounds per epoch.
-        `streams`: each agent on a CUDA stream of its own (default: on a GPU)."""
+        `streams`: each agent on a CUDA stream of its own (default: on a GPU). `stacked`: the
+        agents trained as one (foxhunt.train.agents.dqn_stacked: Rainbow DQN agents of one
+        configuration, not yet captured), their steps vmapped into wide kernels; streams are
+        then not used."""
         if not agents:
             raise ValueError("a cohort needs at least one agent")
         data = agents[0].data
@@ -47,12 +51,17 @@ class Cohort:
         if streams and not on_gpu:
             raise ValueError("streams = True needs a CUDA device")
         use = on_gpu if streams is None else streams
+        self.stack = StackedRainbow(agents) if stacked else None
+        use = use and self.stack is None
         self.streams = [torch.cuda.Stream(self.device) for _ in agents] if use else None
 
     def __len__(self) -> int:
         return len(self.agents)
 
     def capture(self) -> None:
+        if self.stack is not None:
+            self.stack.capture()
+            return
         for a in self.agents:
             a.capture()
 
@@ -69,7 +78,10 @@ class Cohort:
             a.begin_epoch(epoch, epochs)
 
     def train_epoch(self, mark: Callable[[str], None] | None = None) -> None:
-        train_epoch(self.agents, self.streams, mark)
+        if self.stack is not None:
+            train_epoch([self.stack], None, mark)
+        else:
+            train_epoch(self.agents, self.streams, mark)
 
     def read_stats(self) -> list[dict[str, float]]:
         return [a.read_stats() for a in self.agents]

@@ -461,9 +461,11 @@ class Replay:
     def add(self, f: torch.Tensor, i: torch.Tensor, valid: torch.Tensor) -> None:
         n = f.shape[0]
         idx = (self.ptr + torch.arange(n, device=f.device)) % self.capacity
-        self.fbuf.index_copy_(0, idx, f)
-        self.ibuf.index_copy_(0, idx, i)
-        self.prio.index_copy_(0, idx, torch.where(valid, self.max_prio, 0.0))
+        # index_put_ rather than index_copy_: the same writes, and vmap batches it
+        # (foxhunt.train.agents.dqn_stacked) where index_copy_ falls back to a loop.
+        self.fbuf.index_put_((idx,), f)
+        self.ibuf.index_put_((idx,), i)
+        self.prio.index_put_((idx,), torch.where(valid, self.max_prio, 0.0))
         self.ptr.copy_((self.ptr + n) % self.capacity)
 
     def sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -473,14 +475,14 @@ class Replay:
         B = u.shape[0]
         cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
-        idx = torch.searchsorted(cdf, x, right=True).clamp_(max=self.capacity - 1)
+        idx = torch.searchsorted(cdf, x, right=True).clamp(max=self.capacity - 1)
         p = self.prio.index_select(0, idx)
         w = (p / p.min()).pow(-self.beta)
         return idx, w
 
     def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
         p = (loss.detach().float() + 1e-6).pow(alpha)
-        self.prio.index_copy_(0, idx, p)
+        self.prio.index_put_((idx,), p)
         self.max_prio.copy_(torch.maximum(self.max_prio, p.max()))
 
 

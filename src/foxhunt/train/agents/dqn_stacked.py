@@ -1,0 +1,286 @@
+"""K Rainbow DQN agents of one configuration trained as one: seeds side by side in wide kernels.
+
+At the demo's sizes one agent's learning step is ~100 kernels of a few microseconds each, and
+a GPU runs them far below its width; K agents on CUDA streams overlap them only in part
+(foxhunt.train.cohort, docs/performance.md). Here the K agents' tensors are stacked along a new
+first dimension and every collection step and learning step runs the single agent's own code
+(`RainbowAgent._collect_step`, `Replay.sample`, `RainbowAgent._loss`) once under
+`torch.func.vmap`: the same number of kernels as one agent, each K times wider.
+
+Each agent stays a whole `RainbowAgent`: its weights, Adam state, replay, envs and statistics
+become views of the stacked tensors, so its evaluation, checkpoints, resume files and
+`reset_fold` work as before, and every random number still comes from its own generator (drawn
+per agent, outside the vmapped code). What one agent computes alone is what it computes here,
+bit for bit on a CPU at one thread (tests/test_cohort.py); the weights' clipping norm is taken
+agent by agent, as alone, so that no sum runs in another order.
+
+The agents share one configuration (their seeds differ), and so the C51 support, epsilon and
+PER's beta, which that configuration and the fold decide alike for all. Noisy nets and IQN draw
+inside the code this vmaps and are not stacked (`stackable` says why; the cohort then runs such
+agents on streams).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+
+import torch
+from torch.func import functional_call, vmap
+
+from foxhunt.train.agents.common import capture_graphs, compiled
+from foxhunt.train.agents.dqn import RainbowAgent
+
+# A RainbowAgent's tensors that differ between agents, stacked (attribute paths) ...
+STACKED = (
+    "replay.fbuf", "replay.ibuf", "replay.prio", "replay.ptr", "replay.max_prio",
+    "env.t", "env.pos", "env.entry", "env.hold", "env.steps",
+    "h_i", "h_s", "h_d", "h_v", "u_collect", "stats",
+)  # fmt: skip
+# ... and those one configuration and one fold make the same for all: one tensor, shared.
+SHARED = ("z", "eps", "replay.beta", "env.lo", "env.hi", "env.episode_bars")
+
+
+def stackable(agents: Sequence) -> str | None:
+    """Why `agents` cannot be stacked, or None."""
+    if not agents or not all(type(a) is RainbowAgent for a in agents):
+        return "stacking is for Rainbow DQN agents"
+    cfg = agents[0].cfg
+    if any(a.cfg != cfg for a in agents):
+        return "the agents' configurations differ (only their seeds may)"
+    if cfg.noisy or cfg.distribution == "iqn":
+        return "noisy nets and IQN draw random numbers inside the step"
+    if any(a.data is not agents[0].data for a in agents):
+        return "the agents must share one MarketData"
+    if any(a.graphs for a in agents):
+        return "an agent already captured its own graphs (stack before capturing)"
+    return None
+
+
+def _get(obj, path: str):
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def _set(obj, path: str, value) -> None:
+    *head, last = path.split(".")
+    setattr(_get(obj, ".".join(head)) if head else obj, last, value)
+
+
+def _restack_flat(flats: list[torch.Tensor], modules: list[torch.nn.Module]) -> torch.Tensor:
+    """Stack the agents' flat parameter buffers into one [K, P] leaf and make each agent's
+    buffer row k of it, and its module's parameters views of that row again."""
+    big = torch.stack([f.detach() for f in flats]).requires_grad_()
+    for k, (flat, net) in enumerate(zip(flats, modules, strict=True)):
+        flat.data = big.detach()[k]
+        off = 0
+        for p in net.parameters():
+            p.data = flat.detach()[off : off + p.numel()].view_as(p)
+            off += p.numel()
+    return big
+
+
+def _bind(net: torch.nn.Module, flat: torch.Tensor):
+    """`net` called with its parameters read from `flat` (one agent's row, under vmap)."""
+    params, off = {}, 0
+    for name, p in net.named_parameters():
+        params[name] = flat[off : off + p.numel()].view(p.shape)
+        off += p.numel()
+
+    def call(*args, **kwargs):
+        return functional_call(net, params, args, kwargs)
+
+    return call
+
+
+def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
+    """`Replay.sample` for K replays at once: prio [K, C] (each row a replay's p^alpha), u
+    [K, B] uniform. A batched scan of K rows as long as a replay runs a row per thread block on
+    a GPU, far slower than one long scan; so one scan runs over the rows end to end, and each
+    row's stratified points are placed in its own stretch of it. The float64 sums then carry
+    the earlier rows' totals, which moves a point against a row's own cumulative sum by a few
+    units of the last place: a slot other than `Replay.sample`'s only for a point that close
+    to a slot's edge. Returns the slots [K, B] (row-local) and importance weights [K, B]."""
+    K, C = prio.shape
+    B = u.shape[1]
+    cdf = torch.cumsum(prio.reshape(-1), 0, dtype=torch.float64)
+    end = cdf.view(K, C)[:, -1]
+    start = torch.cat([end.new_zeros(1), end[:-1]])
+    frac = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B
+    x = start[:, None] + frac * (end - start)[:, None]
+    at = torch.searchsorted(cdf, x.reshape(-1), right=True).view(K, B)
+    idx = (at - torch.arange(K, device=u.device)[:, None] * C).clamp(0, C - 1)
+    p = prio.gather(1, idx)
+    return idx, (p / p.amin(1, keepdim=True)).pow(-beta)
+
+
+class StackedRainbow:
+    """The agents of a cohort (foxhunt.train.cohort) as one: `collect()` and `learn()` train
+    all of them; everything else (folds, epochs, statistics, evaluation) stays per agent."""
+
+    def __init__(self, agents: Sequence[RainbowAgent]):
+        why = stackable(agents)
+        if why is not None:
+            raise ValueError(f"cannot stack these agents: {why}")
+        self.agents = list(agents)
+        a0 = self.agents[0]
+        self.cfg, self.device = a0.cfg, a0.device
+        self.rounds = a0.rounds
+        self.t: dict[str, torch.Tensor] = {}
+        for path in STACKED:
+            big = torch.stack([_get(a, path) for a in self.agents])
+            for k, a in enumerate(self.agents):
+                _set(a, path, big[k])
+            self.t[path] = big
+        for path in SHARED:
+            for a in self.agents[1:]:
+                _set(a, path, _get(a0, path))
+        self.W = _restack_flat([a.flat for a in self.agents], [a.net for a in self.agents])
+        self.T = _restack_flat([a.target_flat for a in self.agents],
+                               [a.target for a in self.agents]).detach()  # fmt: skip
+        # One Adam over the stacked weights: elementwise, so row k steps as agent k's own
+        # would. The agents' Adam states become views of its state (the step count, the same
+        # for all, one shared tensor).
+        self.opt = torch.optim.Adam([self.W], **{
+            k: a0.opt.defaults[k] for k in ("lr", "eps", "capturable", "foreach")})  # fmt: skip
+        own = [a.opt.state[a.flat] for a in self.agents]
+        self.opt.state[self.W] = {
+            key: (torch.stack([st[key] for st in own]) if own[0][key].dim() else
+                  own[0][key].clone())
+            for key in own[0]
+        }  # fmt: skip
+        for k, (a, st) in enumerate(zip(self.agents, own, strict=True)):
+            for key, v in self.opt.state[self.W].items():
+                st[key] = v[k] if v.dim() else v
+            a._reset_lists = None  # reset_fold's cached tensors were the old ones
+        self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
+        self._update = compiled(self._update_all) if self.cfg.compile else self._update_all
+
+    def __len__(self) -> int:
+        return len(self.agents)
+
+    # ------------------------------------------------------------------ one agent's view
+    def _proxy(self, tensors: dict[str, torch.Tensor], flat: torch.Tensor | None = None,
+               target: torch.Tensor | None = None) -> RainbowAgent:  # fmt: skip
+        """Agent 0 with its per-agent tensors replaced by `tensors` (attribute path -> tensor)
+        and its networks reading `flat` and `target`: what the single agent's code runs on,
+        under vmap one agent's slice of the stack."""
+        a0 = self.agents[0]
+        p = copy.copy(a0)
+        p.replay, p.env = copy.copy(a0.replay), copy.copy(a0.env)
+        for name, v in tensors.items():
+            _set(p, name, v)
+        if flat is not None:
+            p.net = _bind(a0.net, flat)
+        if target is not None:
+            p.target = _bind(a0.target, target)
+        return p
+
+    # ------------------------------------------------------------------ collect
+    def _collect_one(self, tensors: dict, flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+        RainbowAgent._collect_step(self._proxy(tensors, flat), u)
+        return u.new_zeros(())  # vmap wants an output; the step's are in place
+
+    def _collect_steps(self, steps: range) -> None:
+        st = {p: v for p, v in self.t.items() if p != "u_collect"}
+        u = self.t["u_collect"]
+        for k in steps:
+            vmap(self._collect_one)(st, self.W.detach(), u[:, k])
+
+    def _collect_block(self) -> None:
+        self._collect_steps(range(self.cfg.collect_steps))
+
+    def collect(self) -> None:
+        for a in self.agents:  # each agent's draws from its own generator, as alone
+            a.u_collect.uniform_(generator=a.gen)
+        if "collect" in self.graphs:
+            self.graphs["collect"].replay()
+        else:
+            self._collect_block()
+
+    # ------------------------------------------------------------------ learn
+    def _sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each agent's proportional sample of its replay: on a CPU the lone agent's own
+        `Replay.sample` under vmap (the same numbers), on a GPU `sample_rows` (one scan)."""
+        prio = self.t["replay.prio"]
+        if self.device.type == "cuda":
+            return sample_rows(prio, u, self.agents[0].replay.beta)
+        return vmap(lambda p, u: self._proxy({"replay.prio": p}).replay.sample(u))(prio, u)
+
+    def _loss_one(self, flat, target, fbuf, ibuf, idx, w):
+        """One agent's loss (`RainbowAgent._loss`) on its slice."""
+        p = self._proxy({"replay.fbuf": fbuf, "replay.ibuf": ibuf}, flat, target)
+        loss, per, q_taken, cql, clipped = RainbowAgent._loss(p, idx, w)
+        return loss, per, torch.stack([loss.detach(), q_taken, cql, clipped])
+
+    def _losses(self, idx: torch.Tensor, w: torch.Tensor):
+        """Every agent's loss, [K], and what the step records. Each loss reads only its own
+        row of the weights, so the gradient of their sum is each agent's own, row by row."""
+        t = self.t
+        return vmap(self._loss_one)(self.W, self.T, t["replay.fbuf"], t["replay.ibuf"], idx, w)
+
+    def _record_one(self, prio, max_prio, stats, idx, per, aux, gn) -> torch.Tensor:
+        p = self._proxy({"replay.prio": prio, "replay.max_prio": max_prio})
+        p.replay.update(idx, per, self.cfg.per_alpha)
+        loss, q_taken, cql, clipped = aux.unbind()
+        stats[0:4] += torch.stack([loss, gn, q_taken, cql])
+        stats[7] += clipped
+        return gn.new_zeros(())
+
+    def _update_all(self, g: torch.Tensor) -> torch.Tensor:
+        """Each agent's gradient clipped to its own norm (each row's norm on its own, the sum
+        in the order the lone agent's runs), one Adam step over the stack, the soft target
+        update. Returns the norms before clipping, [K]."""
+        gn = torch.stack([torch.linalg.vector_norm(row) for row in g])
+        g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0)[:, None])
+        self.opt.step()
+        with torch.no_grad():
+            self.T.lerp_(self.W.detach(), self.cfg.tau)
+        return gn
+
+    def _learn_step(self) -> None:
+        B = self.cfg.batch_size
+        u = torch.stack([torch.rand(B, device=self.device, generator=a.gen) for a in self.agents])
+        idx, w = self._sample(u)
+        loss, per, aux = self._loss_fn(idx, w)
+        self.W.grad = None  # backward hands over a fresh gradient buffer, as the lone agent's
+        loss.sum().backward()
+        gn = self._update(self.W.grad)
+        with torch.no_grad():
+            t = self.t
+            vmap(self._record_one)(t["replay.prio"], t["replay.max_prio"], t["stats"], idx, per,
+                                   aux, gn)  # fmt: skip
+
+    def learn(self) -> None:
+        g = self.graphs.get("learn")
+        for _ in range(self.cfg.learn_steps):
+            if g is not None:
+                g.replay()
+            else:
+                self._learn_step()
+
+    # ------------------------------------------------------------------ capture
+    def capture(self) -> None:
+        """The stacked collection block and learning step as CUDA graphs, every agent's state
+        and generator restored after the warm-up (as `RainbowAgent.capture`)."""
+        if self.device.type != "cuda":
+            raise RuntimeError("CUDA graphs need a CUDA device")
+        saved = [a.snapshot() for a in self.agents]
+        rng = torch.cuda.get_rng_state(self.device)
+        for a in self.agents:
+            a.env.set_range(0, a.data.n)
+            a.env.reset(torch.rand(self.cfg.envs, device=self.device))
+
+        def warmup():
+            for _ in range(3):
+                self._learn_step()
+            self._collect_steps(range(1))
+
+        blocks = {"learn": self._learn_step, "collect": self._collect_block}
+        self.graphs.update(capture_graphs(self.device, warmup, blocks,
+                                          [a.gen for a in self.agents]))  # fmt: skip
+        for a, s in zip(self.agents, saved, strict=True):
+            a.restore(s)
+        torch.cuda.set_rng_state(rng, self.device)
