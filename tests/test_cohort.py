@@ -140,7 +140,7 @@ def test_the_stacked_sampler_draws_what_each_replay_would():
     prio[:, 2500:] = 0.0  # not yet written
     prio[2, :100] = 0.0  # incomplete transitions
     u = torch.rand(K, B, generator=g)
-    idx, w = sample_rows(prio, u, torch.tensor(0.4))
+    idx, w = sample_rows(prio, u, torch.full((K,), 0.4))
     for k in range(K):
         r = Replay(C, torch.device("cpu"))
         r.prio.copy_(prio[k])

@@ -182,6 +182,34 @@ def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_
         assert metrics_of(res) == metrics_of(alone), seed
 
 
+def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
+    """--seeds 0 1 with the DQN agents stacked into one (stack_seeds on; the default on a GPU):
+    at one thread each seed's results equal its own task's, bit for bit, also through the
+    epochs where one seed has stopped early (patience) and the other trains on alone."""
+    from foxhunt.train import core
+
+    kinds = []
+    real = core.train_epoch
+
+    def spy(agents, streams, mark=None):
+        kinds.append(type(agents[0]).__name__)
+        return real(agents, streams, mark)
+
+    monkeypatch.setattr(core, "train_epoch", spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        kw = dict(stack_seeds="on", epochs=6, patience=1)
+        both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(0, 1), **kw))
+        assert {"StackedRainbow", "RainbowAgent"} <= set(kinds)  # both paths were taken
+        for seed, res in zip((0, 1), both, strict=True):
+            alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed, **kw),
+                              NullLogger())  # fmt: skip
+            assert metrics_of(res) == metrics_of(alone), seed
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="supervised model"):
         TrainConfig(model="tlob", seeds=(0, 1))

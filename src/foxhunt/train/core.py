@@ -54,6 +54,7 @@ from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train import distributed
 from foxhunt.train.agents import AGENTS, SUPERVISED, Agent, agent_class
 from foxhunt.train.agents.dqn import DQNConfig
+from foxhunt.train.agents.dqn_stacked import StackedRainbow, stackable
 from foxhunt.train.agents.ppo import PPOConfig
 from foxhunt.train.agents.pqn import PQNConfig
 from foxhunt.train.baselines import evaluate_baselines
@@ -108,6 +109,13 @@ class TrainConfig:
     checkpoints, resume file and MLflow runs. The agents only (dqn, ppo, pqn: every draw of
     theirs comes from their own generator; the supervised models' dropout draws from torch's
     global one); at most MAX_SEEDS (10)."""
+    stack_seeds: Literal["auto", "on", "off"] = "auto"
+    """With `seeds`, DQN agents that can be (C51, without noisy nets) are stacked into one
+    (foxhunt.train.agents.dqn_stacked): each collection and learning step runs once for every
+    seed, in kernels as many times wider, instead of once per seed (on a GPU, on streams).
+    auto: on a GPU. Stacked, each seed's metrics equal its own task's to float rounding, not bit
+    for bit (a wider kernel sums in another order; on a CPU at one thread, bit for bit); off
+    keeps each seed's own kernels, bit for bit as alone."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -620,7 +628,8 @@ def _run(
                            state, logger, writer, on_epoch_end)
                      for (tcfg, digest, run_dir), state, logger in zip(tasks, states, loggers,
                                                                        strict=True)],
-                    device,
+                    device, stack={"auto": device.type == "cuda", "on": True,
+                                   "off": False}[cfg.stack_seeds],
                 )  # fmt: skip
         except BaseException as e:
             # Killed (SIGTERM from Kubernetes, Ctrl-C) or failed: the MLflow runs say which.
@@ -642,6 +651,14 @@ class _Train:
 
 
 @dataclass
+class _Built:
+    """What a task yields once its agent is built, before capturing its graphs; `_drive` sends
+    back whether it stacked the agent with the other tasks' (then the task captures nothing)."""
+
+    agent: Agent
+
+
+@dataclass
 class _Fold:
     """What a task yields before it starts a fold (and refits the shared normaliser): the
     fold's position in the folds trained."""
@@ -649,14 +666,19 @@ class _Fold:
     position: int
 
 
-def _drive(tasks: list, device: torch.device) -> list[TrainResult]:
+def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[TrainResult]:
     """Run the tasks (`_task` generators) in step and return their results. A task yields
-    `_Train` for each epoch's collection and learning, which run here for every task that asks
-    at once (foxhunt.train.cohort; on a GPU, with more than one task, each on a CUDA stream of
-    its own), and `_Fold` before it starts a fold. It waits there while any task trains, and
-    then until the tasks at earlier folds are done with them: the tasks share the data and its
-    normaliser, so they train one fold at a time (a task that stopped early, or that resumed
-    past a fold, waits for the others)."""
+    `_Built` once its agent is built, `_Train` for each epoch's collection and learning, which
+    run here for every task that asks at once (foxhunt.train.cohort; on a GPU, with more than
+    one task, each on a CUDA stream of its own), and `_Fold` before it starts a fold. It waits
+    there while any task trains, and then until the tasks at earlier folds are done with them:
+    the tasks share the data and its normaliser, so they train one fold at a time (a task that
+    stopped early, or that resumed past a fold, waits for the others).
+
+    With `stack`, agents that can be stacked (foxhunt.train.agents.dqn_stacked) are,
+    before any captures its graphs: an epoch that every task trains is then one stacked epoch.
+    When only some train (the others finished, stopped early or wait at another fold), those
+    run on their own, each capturing its graphs the first time."""
     n = len(tasks)
     streams = (
         [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
@@ -664,14 +686,23 @@ def _drive(tasks: list, device: torch.device) -> list[TrainResult]:
     wants: list = [None] * n
     out: list = [None] * n
 
-    def advance(i: int) -> None:
+    def advance(i: int, value=None) -> None:
         try:
-            wants[i] = next(tasks[i])
+            wants[i] = tasks[i].send(value)
         except StopIteration as stop:
             wants[i], out[i] = None, stop.value
 
     for i in range(n):
-        advance(i)
+        advance(i)  # each task builds its agent
+    built = [w.agent for w in wants]
+    stacked = None
+    if stack and n > 1 and stackable(built) is None:
+        stacked = StackedRainbow(built)
+        log.info("the %d seeds' agents stacked into one (foxhunt.train.agents.dqn_stacked)", n)
+        if built[0].cfg.capture == "graph":
+            stacked.capture()
+    for i in range(n):
+        advance(i, stacked is not None)
     while any(w is not None for w in wants):
         ready = [i for i in range(n) if isinstance(wants[i], _Train)]
         if ready:
@@ -681,8 +712,14 @@ def _drive(tasks: list, device: torch.device) -> list[TrainResult]:
                 for c in clocks:
                     c.mark(name)
 
-            train_epoch([wants[i].agent for i in ready],
-                        streams and [streams[i] for i in ready], mark)  # fmt: skip
+            agents = [wants[i].agent for i in ready]
+            if stacked is not None and len(ready) == n:
+                train_epoch([stacked], None, mark)
+            else:
+                for a in agents:
+                    if stacked is not None and a.cfg.capture == "graph" and not a.graphs:
+                        a.capture()
+                train_epoch(agents, streams and [streams[i] for i in ready], mark)
         else:  # every task left waits at a fold's start: the earliest fold's go on together
             first = min(w.position for w in wants if w is not None)
             ready = [i for i in range(n) if wants[i] is not None and wants[i].position == first]
@@ -751,7 +788,7 @@ def _task(
     logger: Logger,
     writer: ResumeWriter,
     on_epoch_end: Callable[[int, int], None] | None,
-) -> Generator[_Train | str, None, TrainResult]:
+) -> Generator[_Built | _Train | _Fold, bool | None, TrainResult]:
     """The task once everything is checked and uploaded: build the agent, then each fold. A
     generator that `_drive` runs: it yields `_Fold` before each fold it trains and `_Train`
     where an epoch's collection and learning go, and returns the task's result."""
@@ -776,7 +813,8 @@ def _task(
                  sizing.fraction, sizing.source)  # fmt: skip
     agent: Agent = agent_class(cfg.model)(agent_cfg, cfg.env, data, cfg.seed)
     sizing = sizing or getattr(agent, "sizing", None)  # the supervised batch sizes itself
-    if agent.cfg.capture == "graph":
+    stacked = yield _Built(agent)  # stacked with the other tasks' agents (`_drive`)?
+    if agent.cfg.capture == "graph" and not stacked:
         agent.capture()
     segments = cfg.eval_segments or default_segments(device)
     evaluator = Evaluator(cfg.env, data, segments, capture=agent.cfg.capture == "graph")

@@ -14,8 +14,8 @@ per agent, outside the vmapped code). What one agent computes alone is what it c
 bit for bit on a CPU at one thread (tests/test_cohort.py); the weights' clipping norm is taken
 agent by agent, as alone, so that no sum runs in another order.
 
-The agents share one configuration (their seeds differ), and so the C51 support, epsilon and
-PER's beta, which that configuration and the fold decide alike for all. Noisy nets and IQN draw
+The agents share one configuration (their seeds differ) and train one fold at a time, and so
+the C51 support and the envs' range, which those decide alike for all. Noisy nets and IQN draw
 inside the code this vmaps and are not stacked (`stackable` says why; the cohort then runs such
 agents on streams).
 """
@@ -35,10 +35,10 @@ from foxhunt.train.agents.dqn import RainbowAgent
 STACKED = (
     "replay.fbuf", "replay.ibuf", "replay.prio", "replay.ptr", "replay.max_prio",
     "env.t", "env.pos", "env.entry", "env.hold", "env.steps",
-    "h_i", "h_s", "h_d", "h_v", "u_collect", "stats",
+    "h_i", "h_s", "h_d", "h_v", "u_collect", "stats", "eps", "replay.beta",
 )  # fmt: skip
 # ... and those one configuration and one fold make the same for all: one tensor, shared.
-SHARED = ("z", "eps", "replay.beta", "env.lo", "env.hi", "env.episode_bars")
+SHARED = ("z", "env.lo", "env.hi", "env.episode_bars")
 
 
 def stackable(agents: Sequence) -> str | None:
@@ -96,12 +96,13 @@ def _bind(net: torch.nn.Module, flat: torch.Tensor):
 
 def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     """`Replay.sample` for K replays at once: prio [K, C] (each row a replay's p^alpha), u
-    [K, B] uniform. A batched scan of K rows as long as a replay runs a row per thread block on
-    a GPU, far slower than one long scan; so one scan runs over the rows end to end, and each
-    row's stratified points are placed in its own stretch of it. The float64 sums then carry
-    the earlier rows' totals, which moves a point against a row's own cumulative sum by a few
-    units of the last place: a slot other than `Replay.sample`'s only for a point that close
-    to a slot's edge. Returns the slots [K, B] (row-local) and importance weights [K, B]."""
+    [K, B] uniform, beta [K]. A batched scan of K rows as long as a replay runs a row per
+    thread block on a GPU, far slower than one long scan; so one scan runs over the rows end
+    to end, and each row's stratified points are placed in its own stretch of it. The float64
+    sums then carry the earlier rows' totals, which moves a point against a row's own
+    cumulative sum by a few units of the last place: a slot other than `Replay.sample`'s only
+    for a point that close to a slot's edge. Returns the slots [K, B] (row-local) and the
+    importance weights [K, B]."""
     K, C = prio.shape
     B = u.shape[1]
     cdf = torch.cumsum(prio.reshape(-1), 0, dtype=torch.float64)
@@ -112,7 +113,7 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     at = torch.searchsorted(cdf, x.reshape(-1), right=True).view(K, B)
     idx = (at - torch.arange(K, device=u.device)[:, None] * C).clamp(0, C - 1)
     p = prio.gather(1, idx)
-    return idx, (p / p.amin(1, keepdim=True)).pow(-beta)
+    return idx, (p / p.amin(1, keepdim=True)).pow(-beta[:, None])
 
 
 class StackedRainbow:
@@ -206,8 +207,11 @@ class StackedRainbow:
         `Replay.sample` under vmap (the same numbers), on a GPU `sample_rows` (one scan)."""
         prio = self.t["replay.prio"]
         if self.device.type == "cuda":
-            return sample_rows(prio, u, self.agents[0].replay.beta)
-        return vmap(lambda p, u: self._proxy({"replay.prio": p}).replay.sample(u))(prio, u)
+            return sample_rows(prio, u, self.t["replay.beta"])
+        return vmap(self._sample_one)(prio, self.t["replay.beta"], u)
+
+    def _sample_one(self, prio, beta, u):
+        return self._proxy({"replay.prio": prio, "replay.beta": beta}).replay.sample(u)
 
     def _loss_one(self, flat, target, fbuf, ibuf, idx, w):
         """One agent's loss (`RainbowAgent._loss`) on its slice."""
