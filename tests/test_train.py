@@ -183,26 +183,27 @@ def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_
 
 
 def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
-    """--seeds 0 1 with the DQN agents stacked into one (stack_seeds on; the default on a GPU):
-    at one thread each seed's results equal its own task's, bit for bit, also through the
-    epochs where one seed has stopped early (patience) and the other trains on alone."""
+    """--seeds 0 1 2 with the DQN agents stacked into one (stack_seeds on; the default on a
+    GPU): at one thread each seed's results equal its own task's, bit for bit, also through
+    the epochs where a seed has stopped early (patience) and the others train on their own."""
     from foxhunt.train import core
 
     kinds = []
     real = core.train_epoch
 
     def spy(agents, streams, mark=None):
-        kinds.append(type(agents[0]).__name__)
+        kinds.append((type(agents[0]).__name__, len(agents)))
         return real(agents, streams, mark)
 
     monkeypatch.setattr(core, "train_epoch", spy)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        kw = dict(stack_seeds="on", epochs=6, patience=1)
-        both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(0, 1), **kw))
-        assert {"StackedRainbow", "RainbowAgent"} <= set(kinds)  # both paths were taken
-        for seed, res in zip((0, 1), both, strict=True):
+        kw = dict(stack_seeds="on", epochs=4, patience=2)
+        both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(0, 1, 2), **kw))
+        # both paths were taken, the second with two agents at once
+        assert {("StackedRainbow", 1), ("RainbowAgent", 2)} <= set(kinds), kinds
+        for seed, res in zip((0, 1, 2), both, strict=True):
             alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed, **kw),
                               NullLogger())  # fmt: skip
             assert metrics_of(res) == metrics_of(alone), seed

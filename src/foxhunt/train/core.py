@@ -644,10 +644,12 @@ def _run(
 
 @dataclass
 class _Train:
-    """What a task yields for each epoch's training: its agent, and its clock to mark."""
+    """What a task yields for each epoch's training: its agent, its clock to mark, and the
+    epoch (stacked agents train together only at the same epoch)."""
 
     agent: Agent
     clock: Clock
+    epoch: int
 
 
 @dataclass
@@ -676,9 +678,10 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
     stopped early, or that resumed past a fold, waits for the others).
 
     With `stack`, agents that can be stacked (foxhunt.train.agents.dqn_stacked) are,
-    before any captures its graphs: an epoch that every task trains is then one stacked epoch.
-    When only some train (the others finished, stopped early or wait at another fold), those
-    run on their own, each capturing its graphs the first time."""
+    before any captures its graphs: an epoch that every task trains, all at the same epoch, is
+    then one stacked epoch. When only some train (the others finished, stopped early or wait at
+    another fold) or they resumed at different epochs, those run on their own, each capturing
+    its graphs the first time."""
     n = len(tasks)
     streams = (
         [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
@@ -713,7 +716,11 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
                     c.mark(name)
 
             agents = [wants[i].agent for i in ready]
-            if stacked is not None and len(ready) == n:
+            if (
+                stacked is not None
+                and len(ready) == n
+                and len({wants[i].epoch for i in ready}) == 1
+            ):
                 train_epoch([stacked], None, mark)
             else:
                 for a in agents:
@@ -935,7 +942,7 @@ def _task(
             clock.mark("start")
             # Collection and learning (DQN: one round; PPO, PQN: rollouts and updates), with
             # the other tasks' side by side: `_drive` runs them and marks the clock.
-            yield _Train(agent, clock)
+            yield _Train(agent, clock, epoch)
             if calibrate is not None:
                 calibrate(*ranges["val"])
             if prepare is not None:

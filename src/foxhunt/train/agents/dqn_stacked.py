@@ -141,19 +141,20 @@ class StackedRainbow:
         self.T = _restack_flat([a.target_flat for a in self.agents],
                                [a.target for a in self.agents]).detach()  # fmt: skip
         # One Adam over the stacked weights: elementwise, so row k steps as agent k's own
-        # would. The agents' Adam states become views of its state (the step count, the same
-        # for all, one shared tensor).
+        # would. The agents' moments become views of its moments; each keeps its own step
+        # count (an agent may train alone, `_drive`), copied in and out around `learn`.
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "capturable", "foreach")})  # fmt: skip
-        own = [a.opt.state[a.flat] for a in self.agents]
+        self.own_opt = [a.opt.state[a.flat] for a in self.agents]
         self.opt.state[self.W] = {
-            key: (torch.stack([st[key] for st in own]) if own[0][key].dim() else
-                  own[0][key].clone())
-            for key in own[0]
+            key: (torch.stack([st[key] for st in self.own_opt]) if key != "step" else
+                  self.own_opt[0][key].clone())
+            for key in self.own_opt[0]
         }  # fmt: skip
-        for k, (a, st) in enumerate(zip(self.agents, own, strict=True)):
+        for k, (a, st) in enumerate(zip(self.agents, self.own_opt, strict=True)):
             for key, v in self.opt.state[self.W].items():
-                st[key] = v[k] if v.dim() else v
+                if key != "step":
+                    st[key] = v[k]
             a._reset_lists = None  # reset_fold's cached tensors were the old ones
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
@@ -258,12 +259,18 @@ class StackedRainbow:
                                    aux, gn)  # fmt: skip
 
     def learn(self) -> None:
+        """The learning steps of every agent, which must stand at the same Adam step (the same
+        epoch of the same fold: `_drive` stacks only such epochs)."""
+        step = self.opt.state[self.W]["step"]
+        step.copy_(self.own_opt[0]["step"])
         g = self.graphs.get("learn")
         for _ in range(self.cfg.learn_steps):
             if g is not None:
                 g.replay()
             else:
                 self._learn_step()
+        for st in self.own_opt:
+            st["step"].copy_(step)
 
     # ------------------------------------------------------------------ capture
     def capture(self) -> None:
