@@ -81,12 +81,20 @@ def _restack_flat(flats: list[torch.Tensor], modules: list[torch.nn.Module]) -> 
     return big
 
 
-def _bind(net: torch.nn.Module, flat: torch.Tensor):
-    """`net` called with its parameters read from `flat` (one agent's row, under vmap)."""
-    params, off = {}, 0
+def _stacked_params(net: torch.nn.Module, big: torch.Tensor, grad: bool) -> dict:
+    """`net`'s parameters as the stack holds them: name -> [K, *shape], views of the stacked
+    [K, P] buffer `big`; with `grad`, leaves that collect their own gradients (as a lone
+    agent's parameters do, so that no backward pass writes [K, P] zeros once a parameter)."""
+    out, off = {}, 0
     for name, p in net.named_parameters():
-        params[name] = flat[off : off + p.numel()].view(p.shape)
+        v = big.detach()[:, off : off + p.numel()].view(big.shape[0], *p.shape)
+        out[name] = v.requires_grad_() if grad else v
         off += p.numel()
+    return out
+
+
+def _bind(net: torch.nn.Module, params: dict):
+    """`net` called with `params` (one agent's, under vmap)."""
 
     def call(*args, **kwargs):
         return functional_call(net, params, args, kwargs)
@@ -143,6 +151,8 @@ class StackedRainbow:
         # One Adam over the stacked weights: elementwise, so row k steps as agent k's own
         # would. The agents' moments become views of its moments; each keeps its own step
         # count (an agent may train alone, `_drive`), copied in and out around `learn`.
+        self.P = _stacked_params(a0.net, self.W, grad=True)
+        self.TP = _stacked_params(a0.target, self.T, grad=False)
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "capturable", "foreach")})  # fmt: skip
         self.own_opt = [a.opt.state[a.flat] for a in self.agents]
@@ -164,32 +174,32 @@ class StackedRainbow:
         return len(self.agents)
 
     # ------------------------------------------------------------------ one agent's view
-    def _proxy(self, tensors: dict[str, torch.Tensor], flat: torch.Tensor | None = None,
-               target: torch.Tensor | None = None) -> RainbowAgent:  # fmt: skip
+    def _proxy(self, tensors: dict[str, torch.Tensor], params: dict | None = None,
+               target: dict | None = None) -> RainbowAgent:  # fmt: skip
         """Agent 0 with its per-agent tensors replaced by `tensors` (attribute path -> tensor)
-        and its networks reading `flat` and `target`: what the single agent's code runs on,
+        and its networks reading `params` and `target`: what the single agent's code runs on,
         under vmap one agent's slice of the stack."""
         a0 = self.agents[0]
         p = copy.copy(a0)
         p.replay, p.env = copy.copy(a0.replay), copy.copy(a0.env)
         for name, v in tensors.items():
             _set(p, name, v)
-        if flat is not None:
-            p.net = _bind(a0.net, flat)
+        if params is not None:
+            p.net = _bind(a0.net, params)
         if target is not None:
             p.target = _bind(a0.target, target)
         return p
 
     # ------------------------------------------------------------------ collect
-    def _collect_one(self, tensors: dict, flat: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-        RainbowAgent._collect_step(self._proxy(tensors, flat), u)
+    def _collect_one(self, tensors: dict, params: dict, u: torch.Tensor) -> torch.Tensor:
+        RainbowAgent._collect_step(self._proxy(tensors, params), u)
         return u.new_zeros(())  # vmap wants an output; the step's are in place
 
     def _collect_steps(self, steps: range) -> None:
         st = {p: v for p, v in self.t.items() if p != "u_collect"}
         u = self.t["u_collect"]
         for k in steps:
-            vmap(self._collect_one)(st, self.W.detach(), u[:, k])
+            vmap(self._collect_one)(st, {n: p.detach() for n, p in self.P.items()}, u[:, k])
 
     def _collect_block(self) -> None:
         self._collect_steps(range(self.cfg.collect_steps))
@@ -214,9 +224,9 @@ class StackedRainbow:
     def _sample_one(self, prio, beta, u):
         return self._proxy({"replay.prio": prio, "replay.beta": beta}).replay.sample(u)
 
-    def _loss_one(self, flat, target, fbuf, ibuf, idx, w):
+    def _loss_one(self, params, target, fbuf, ibuf, idx, w):
         """One agent's loss (`RainbowAgent._loss`) on its slice."""
-        p = self._proxy({"replay.fbuf": fbuf, "replay.ibuf": ibuf}, flat, target)
+        p = self._proxy({"replay.fbuf": fbuf, "replay.ibuf": ibuf}, params, target)
         loss, per, q_taken, cql, clipped = RainbowAgent._loss(p, idx, w)
         return loss, per, torch.stack([loss.detach(), q_taken, cql, clipped])
 
@@ -224,7 +234,7 @@ class StackedRainbow:
         """Every agent's loss, [K], and what the step records. Each loss reads only its own
         row of the weights, so the gradient of their sum is each agent's own, row by row."""
         t = self.t
-        return vmap(self._loss_one)(self.W, self.T, t["replay.fbuf"], t["replay.ibuf"], idx, w)
+        return vmap(self._loss_one)(self.P, self.TP, t["replay.fbuf"], t["replay.ibuf"], idx, w)
 
     def _record_one(self, prio, max_prio, stats, idx, per, aux, gn) -> torch.Tensor:
         p = self._proxy({"replay.prio": prio, "replay.max_prio": max_prio})
@@ -250,8 +260,11 @@ class StackedRainbow:
         u = torch.stack([torch.rand(B, device=self.device, generator=a.gen) for a in self.agents])
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
-        self.W.grad = None  # backward hands over a fresh gradient buffer, as the lone agent's
+        for p in self.P.values():  # backward hands over fresh gradient buffers
+            p.grad = None
         loss.sum().backward()
+        K = len(self.agents)
+        self.W.grad = torch.cat([p.grad.reshape(K, -1) for p in self.P.values()], 1)
         gn = self._update(self.W.grad)
         with torch.no_grad():
             t = self.t
