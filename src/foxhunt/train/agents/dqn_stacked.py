@@ -22,14 +22,14 @@ agents on streams).
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import torch
 from torch.func import functional_call, vmap
 
 from foxhunt.train.agents.common import capture_graphs, compiled
-from foxhunt.train.agents.dqn import RainbowAgent
+from foxhunt.train.agents.dqn import RainbowAgent, Replay
+from foxhunt.train.env import TradingEnv
 
 # A RainbowAgent's tensors that differ between agents, stacked (attribute paths) ...
 STACKED = (
@@ -124,6 +124,25 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     return idx, (p / p.amin(1, keepdim=True)).pow(-beta[:, None])
 
 
+def _view_init(self, names, base, over) -> None:
+    for name in names:
+        setattr(self, name, over[name] if name in over else getattr(base, name))
+
+
+# Objects of an agent's class (and of its replay's, its env's) that hold another's attributes,
+# some replaced: what `_proxy` builds inside the vmapped step. A constructor rather than
+# copy.copy, which torch.compile does not trace (torch 2.11): a graph break inside vmap's body
+# makes the whole step run uncompiled.
+_VIEWS = {
+    c: type(f"{c.__name__}View", (c,), {"__init__": _view_init})
+    for c in (RainbowAgent, Replay, TradingEnv)
+}
+
+
+def _view(cls, base, names: tuple[str, ...], over: dict):
+    return _VIEWS[cls](names, base, over)
+
+
 class StackedRainbow:
     """The agents of a cohort (foxhunt.train.cohort) as one: `collect()` and `learn()` train
     all of them; everything else (folds, epochs, statistics, evaluation) stays per agent."""
@@ -166,6 +185,9 @@ class StackedRainbow:
                 if key != "step":
                     st[key] = v[k]
             a._reset_lists = None  # reset_fold's cached tensors were the old ones
+        # The attributes a view of agent 0 copies (`_proxy`), named here once.
+        self.names = {"": tuple(vars(a0)), "replay": tuple(vars(a0.replay)),
+                      "env": tuple(vars(a0.env))}  # fmt: skip
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
         self._update = compiled(self._update_all) if self.cfg.compile else self._update_all
@@ -180,15 +202,17 @@ class StackedRainbow:
         and its networks reading `params` and `target`: what the single agent's code runs on,
         under vmap one agent's slice of the stack."""
         a0 = self.agents[0]
-        p = copy.copy(a0)
-        p.replay, p.env = copy.copy(a0.replay), copy.copy(a0.env)
-        for name, v in tensors.items():
-            _set(p, name, v)
+        over: dict[str, dict] = {"": {}, "replay": {}, "env": {}}
+        for path, v in tensors.items():
+            head, _, name = path.rpartition(".")
+            over[head][name] = v
         if params is not None:
-            p.net = _bind(a0.net, params)
+            over[""]["net"] = _bind(a0.net, params)
         if target is not None:
-            p.target = _bind(a0.target, target)
-        return p
+            over[""]["target"] = _bind(a0.target, target)
+        over[""]["replay"] = _view(Replay, a0.replay, self.names["replay"], over["replay"])
+        over[""]["env"] = _view(TradingEnv, a0.env, self.names["env"], over["env"])
+        return _view(RainbowAgent, a0, self.names[""], over[""])
 
     # ------------------------------------------------------------------ collect
     def _collect_one(self, tensors: dict, params: dict, u: torch.Tensor) -> torch.Tensor:
