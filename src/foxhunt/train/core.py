@@ -104,9 +104,10 @@ class TrainConfig:
     """Seed of everything random: the same seed, data and device give the same metrics."""
     seeds: tuple[int, ...] = ()
     """Train these seeds side by side in this one process instead of `seed` alone: one upload
-    of the data, on a GPU each seed's agent on a CUDA stream of its own (foxhunt.train.cohort).
-    Each seed trains exactly as its own task with --seed would, into its own run directory,
-    checkpoints, resume file and MLflow runs. The agents only (dqn, ppo, pqn: every draw of
+    of the data, on a GPU the DQN's agents stacked into one (`stack_seeds`), other agents each
+    on a CUDA stream of its own (foxhunt.train.cohort). Each seed trains as its own task with
+    --seed would (bit for bit unless stacked), into its own run directory, checkpoints, resume
+    file and MLflow runs. The agents only (dqn, ppo, pqn: every draw of
     theirs comes from their own generator; the supervised models' dropout draws from torch's
     global one); at most MAX_SEEDS (10)."""
     stack_seeds: Literal["auto", "on", "off"] = "auto"

@@ -1,23 +1,30 @@
 """K Rainbow DQN agents of one configuration trained as one: seeds side by side in wide kernels.
 
-At the demo's sizes one agent's learning step is ~100 kernels of a few microseconds each, and
+At the demo's sizes one agent's learning step is ~140 kernels of a few microseconds each, and
 a GPU runs them far below its width; K agents on CUDA streams overlap them only in part
-(foxhunt.train.cohort, docs/performance.md). Here the K agents' tensors are stacked along a new
-first dimension and every collection step and learning step runs the single agent's own code
-(`RainbowAgent._collect_step`, `Replay.sample`, `RainbowAgent._loss`) once under
-`torch.func.vmap`: the same number of kernels as one agent, each K times wider.
+(foxhunt.train.cohort). Here the K agents' tensors are stacked along a new first dimension and
+every collection step and learning step runs the single agent's own code
+(`RainbowAgent._collect_step`, `RainbowAgent._loss`) once under `torch.func.vmap`: about as
+many kernels as one agent, each K times wider. On an H200 at the demo's sizes, compiled and
+captured, 8 stacked agents train an epoch in 1.92x one agent's time, against 2.37x on streams
+(docs/performance.md, "Many agents on one GPU").
 
-Each agent stays a whole `RainbowAgent`: its weights, Adam state, replay, envs and statistics
+Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
 become views of the stacked tensors, so its evaluation, checkpoints, resume files and
-`reset_fold` work as before, and every random number still comes from its own generator (drawn
-per agent, outside the vmapped code). What one agent computes alone is what it computes here,
-bit for bit on a CPU at one thread (tests/test_cohort.py); the weights' clipping norm is taken
-agent by agent, as alone, so that no sum runs in another order.
+`reset_fold` work as before; it keeps its own Adam step count (copied in and out around each
+stacked `learn`), so it can also train on its own between stacked epochs (`foxhunt train
+--seeds` does when some seeds stop early). Every random number still comes from each agent's
+own generator, drawn per agent outside the vmapped code. What one agent computes alone is what
+it computes here, bit for bit on a CPU at one thread, for C51 (tests/test_cohort.py: the
+clipping norm is taken agent by agent, so that no sum runs in another order; `mean`'s one-wide
+value layer runs another CPU kernel batched, and its last bits differ). On a GPU the wider
+kernels sum in other orders, and the replays are sampled by one scan over all of them
+(`sample_rows`): equal to a lone agent's to float tolerance (tests/test_train_gpu.py).
 
 The agents share one configuration (their seeds differ) and train one fold at a time, and so
 the C51 support and the envs' range, which those decide alike for all. Noisy nets and IQN draw
-inside the code this vmaps and are not stacked (`stackable` says why; the cohort then runs such
-agents on streams).
+random numbers inside the code this vmaps and are not stacked (`stackable` says why;
+`foxhunt train --seeds` then trains such agents on streams).
 """
 
 from __future__ import annotations
