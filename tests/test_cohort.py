@@ -42,6 +42,20 @@ def train_alone(cls, cfg, data, seed: int, fold_seeds: list[int]):
     return stats, torch.cat([p.detach().flatten() for p in a.params])
 
 
+def train_together(cohort: Cohort, seeds: list[int]) -> list[list[dict]]:
+    """The cohort's agents over FOLDS, two epochs each (fold k seeded seed * 10 + k, as
+    train_alone): each agent's statistics per epoch."""
+    together = [[] for _ in seeds]
+    for k, (lo, hi) in enumerate(FOLDS):
+        cohort.reset_fold(lo, hi, [s * 10 + k for s in seeds])
+        for e in range(2):
+            cohort.begin_epoch(e, 2)
+            cohort.train_epoch()
+            for i, st in enumerate(cohort.read_stats()):
+                together[i].append(st)
+    return together
+
+
 @pytest.mark.parametrize("model", list(MODELS))
 def test_agents_side_by_side_train_as_each_would_alone(model):
     """Two agents (two seeds; for DQN also two configurations) in a cohort: each one's
@@ -50,14 +64,7 @@ def test_agents_side_by_side_train_as_each_would_alone(model):
     data = random_market(3000, 0)
     cohort = Cohort([cls(c, EnvConfig(episode_bars=200), data, seed=s)
                      for c, s in zip(cfgs, SEEDS, strict=True)])  # fmt: skip
-    together = [[] for _ in SEEDS]
-    for k, (lo, hi) in enumerate(FOLDS):
-        cohort.reset_fold(lo, hi, [s * 10 + k for s in SEEDS])
-        for e in range(2):
-            cohort.begin_epoch(e, 2)
-            cohort.train_epoch()
-            for i, st in enumerate(cohort.read_stats()):
-                together[i].append(st)
+    together = train_together(cohort, SEEDS)
     for i, (cfg, seed) in enumerate(zip(cfgs, SEEDS, strict=True)):
         stats, params = train_alone(cls, cfg, data, seed, [seed * 10 + k for k in range(2)])
         assert together[i] == stats, (model, i)
@@ -89,14 +96,7 @@ def test_stacked_agents_train_as_each_would_alone(variant):
         data = random_market(3000, 0)
         cohort = Cohort([RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=s)
                          for s in seeds], stacked=True)  # fmt: skip
-        together = [[] for _ in seeds]
-        for k, (lo, hi) in enumerate(FOLDS):
-            cohort.reset_fold(lo, hi, [s * 10 + k for s in seeds])
-            for e in range(2):
-                cohort.begin_epoch(e, 2)
-                cohort.train_epoch()
-                for i, st in enumerate(cohort.read_stats()):
-                    together[i].append(st)
+        together = train_together(cohort, seeds)
         for i, seed in enumerate(seeds):
             stats, params = train_alone(RainbowAgent, cfg, data, seed,
                                         [seed * 10 + k for k in range(2)])  # fmt: skip

@@ -196,6 +196,7 @@ class StackedRainbow:
         self.names = {"": tuple(vars(a0)), "replay": tuple(vars(a0.replay)),
                       "env": tuple(vars(a0.env))}  # fmt: skip
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
+        self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
         self._update = compiled(self._update_all) if self.cfg.compile else self._update_all
 
@@ -307,12 +308,7 @@ class StackedRainbow:
         epoch of the same fold: `_drive` stacks only such epochs)."""
         step = self.opt.state[self.W]["step"]
         step.copy_(self.own_opt[0]["step"])
-        g = self.graphs.get("learn")
-        for _ in range(self.cfg.learn_steps):
-            if g is not None:
-                g.replay()
-            else:
-                self._learn_step()
+        RainbowAgent.learn(self)  # the lone agent's loop, over the stack's graph or step
         for st in self.own_opt:
             st["step"].copy_(step)
 
