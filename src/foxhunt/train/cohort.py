@@ -12,6 +12,10 @@ them. With captured graphs (each captured on a stream of its own, so that no two
 cuBLAS's workspace: foxhunt.train.agents.common.capture_graphs) an agent's epoch is a few
 graph replays on its stream.
 
+Rainbow DQN agents of one configuration can instead be stacked into one (`stacked=True`,
+foxhunt.train.agents.dqn_stacked): one set of kernels as many times wider, rather than
+overlapping kernels on streams; `foxhunt train --seeds` stacks them on a GPU.
+
 The agents share the data and so its normaliser, which `reset_fold` fits on the fold's train
 range: a cohort trains one fold at a time (folds side by side would need a normaliser each).
 
