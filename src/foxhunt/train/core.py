@@ -798,8 +798,9 @@ def _task(
     on_epoch_end: Callable[[int, int], None] | None,
 ) -> Generator[_Built | _Train | _Fold, bool | None, TrainResult]:
     """The task once everything is checked and uploaded: build the agent, then each fold. A
-    generator that `_drive` runs: it yields `_Fold` before each fold it trains and `_Train`
-    where an epoch's collection and learning go, and returns the task's result."""
+    generator that `_drive` runs: it yields `_Built` once its agent is built, `_Fold` before
+    each fold it trains and `_Train` where an epoch's collection and learning go, and returns
+    the task's result."""
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
     resume_path = run_dir / distributed.resume_name()

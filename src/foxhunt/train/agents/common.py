@@ -121,11 +121,16 @@ def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:
     Adam and a target update are then one kernel over one tensor (on a GPU, multi-tensor kernels
     over a few small tensors occupy only a few SMs)."""
     flat = torch.cat([p.detach().reshape(-1) for p in params]).requires_grad_()
+    view_params(params, flat)
+    return flat
+
+
+def view_params(params: list[torch.Tensor], flat: torch.Tensor) -> None:
+    """Make each parameter a view of its slice of `flat`, in order."""
     off = 0
     for p in params:
         p.data = flat.detach()[off : off + p.numel()].view_as(p)
         off += p.numel()
-    return flat
 
 
 def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
@@ -273,19 +278,23 @@ def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, tor
     so the state (`agent.snapshot()`, with the agent's own generator where it has one) and the
     CUDA RNG are saved before and restored after:
     training from here on equals eager training. An agent's envs need a valid range even before
-    the first fold is set (it is restored afterwards too)."""
-    dev = agent.device
+    the first fold is set (it is restored afterwards too). `agent` may be a list of agents whose
+    blocks run together (foxhunt.train.agents.dqn_stacked)."""
+    agents = agent if isinstance(agent, list) else [agent]
+    dev = agents[0].device
     if dev.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA device")
-    saved = agent.snapshot()
+    saved = [a.snapshot() for a in agents]
     rng = torch.cuda.get_rng_state(dev)
-    env = getattr(agent, "env", None)  # the supervised models step no env
-    if env is not None:
-        env.set_range(0, agent.data.n)
-        env.reset(torch.rand(agent.cfg.envs, device=dev))
-    gen = getattr(agent, "gen", None)
-    graphs = capture_graphs(dev, warmup, blocks, () if gen is None else (gen,))
-    agent.restore(saved)
+    for a in agents:
+        env = getattr(a, "env", None)  # the supervised models step no env
+        if env is not None:
+            env.set_range(0, a.data.n)
+            env.reset(torch.rand(a.cfg.envs, device=dev))
+    gens = [g for a in agents if (g := getattr(a, "gen", None)) is not None]
+    graphs = capture_graphs(dev, warmup, blocks, gens)
+    for a, s in zip(agents, saved, strict=True):
+        a.restore(s)
     torch.cuda.set_rng_state(rng, dev)
     return graphs
 

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 import torch
 from torch.func import functional_call, vmap
 
-from foxhunt.train.agents.common import capture_graphs, compiled
+from foxhunt.train.agents.common import capture_restoring, compiled, view_params
 from foxhunt.train.agents.dqn import RainbowAgent, Replay
 from foxhunt.train.env import TradingEnv
 
@@ -81,10 +81,7 @@ def _restack_flat(flats: list[torch.Tensor], modules: list[torch.nn.Module]) -> 
     big = torch.stack([f.detach() for f in flats]).requires_grad_()
     for k, (flat, net) in enumerate(zip(flats, modules, strict=True)):
         flat.data = big.detach()[k]
-        off = 0
-        for p in net.parameters():
-            p.data = flat.detach()[off : off + p.numel()].view_as(p)
-            off += p.numel()
+        view_params(list(net.parameters()), flat)
     return big
 
 
@@ -179,6 +176,7 @@ class StackedRainbow:
         # count (an agent may train alone, `_drive`), copied in and out around `learn`.
         self.P = _stacked_params(a0.net, self.W, grad=True)
         self.TP = _stacked_params(a0.target, self.T, grad=False)
+        self.P_acting = {n: p.detach() for n, p in self.P.items()}  # collection needs no grad
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "capturable", "foreach")})  # fmt: skip
         self.own_opt = [a.opt.state[a.flat] for a in self.agents]
@@ -231,7 +229,7 @@ class StackedRainbow:
         st = {p: v for p, v in self.t.items() if p != "u_collect"}
         u = self.t["u_collect"]
         for k in steps:
-            vmap(self._collect_one)(st, {n: p.detach() for n, p in self.P.items()}, u[:, k])
+            vmap(self._collect_one)(st, self.P_acting, u[:, k])
 
     def _collect_block(self) -> None:
         self._collect_steps(range(self.cfg.collect_steps))
@@ -316,13 +314,6 @@ class StackedRainbow:
     def capture(self) -> None:
         """The stacked collection block and learning step as CUDA graphs, every agent's state
         and generator restored after the warm-up (as `RainbowAgent.capture`)."""
-        if self.device.type != "cuda":
-            raise RuntimeError("CUDA graphs need a CUDA device")
-        saved = [a.snapshot() for a in self.agents]
-        rng = torch.cuda.get_rng_state(self.device)
-        for a in self.agents:
-            a.env.set_range(0, a.data.n)
-            a.env.reset(torch.rand(self.cfg.envs, device=self.device))
 
         def warmup():
             for _ in range(3):
@@ -330,8 +321,4 @@ class StackedRainbow:
             self._collect_steps(range(1))
 
         blocks = {"learn": self._learn_step, "collect": self._collect_block}
-        self.graphs.update(capture_graphs(self.device, warmup, blocks,
-                                          [a.gen for a in self.agents]))  # fmt: skip
-        for a, s in zip(self.agents, saved, strict=True):
-            a.restore(s)
-        torch.cuda.set_rng_state(rng, self.device)
+        self.graphs.update(capture_restoring(self.agents, warmup, blocks))
