@@ -15,7 +15,8 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-fusedhead` (C51's expectation and projection written as broadcast reductions that
 inductor fuses, `fused_head`; the CPU smoke checks they give the same numbers), `-f32out` (the
-output layers in float32, `float32_outputs`).
+output layers in float32, `float32_outputs`), `-eagercollect` (a compiled variant's collection
+step left uncompiled).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -341,9 +342,12 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
     capture = cfg.capture
     agent = RainbowAgent(cfg, env_cfg, data, seed=0)
     # Experiment switches: -noalign (heads' matmuls at their own widths), -optfused /
-    # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer).
+    # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer),
+    # -eagercollect (the collection step uncompiled).
     if "noalign" in opts:
         agent.net.align = agent.target.align = 1
+    if "eagercollect" in opts:  # the collection step uncompiled (captured all the same)
+        agent.collect_fn = agent._collect_act
     for impl in ("fused", "single"):
         if "opt" + impl in opts:
             agent.opt = torch.optim.Adam(

@@ -29,17 +29,16 @@ Capture = Literal["auto", "eager", "graph"]
 class Observation:
     """What an agent sees at bar t: the 50 market columns normalised on the fold's train range
     (`MarketData.observe`), the portfolio state (position, unrealised PnL in %, bars held /
-    100), zeros up to IN_DIM. The padding rows are allocated once per batch size."""
+    100), zeros up to IN_DIM. (The zeros are made per call, not kept per batch size: a cache
+    filled inside a compiled step would make torch.compile trace that step again, and a
+    second trace inside a CUDA graph capture fails.)"""
 
     def __init__(self, data: MarketData):
         self.data = data
-        self.pad: dict[int, torch.Tensor] = {}
 
     def __call__(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        n = len(t)
-        if n not in self.pad:
-            self.pad[n] = torch.zeros(n, IN_DIM - STATE_DIM, device=self.data.device)
-        return torch.cat([self.data.observe(t), portfolio, self.pad[n]], 1)
+        pad = portfolio.new_zeros(len(t), IN_DIM - STATE_DIM)
+        return torch.cat([self.data.observe(t), portfolio, pad], 1)
 
 
 def mark_step(marks: list | None, device: torch.device) -> None:
