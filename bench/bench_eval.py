@@ -8,7 +8,9 @@ default piece count.
     python3 bench/bench_eval.py --cpu-smoke     20k bars, tiny DQN, eager
 
 Prints policy, pieces, median ms an evaluation (of 7), passes, and whether the returns equal
-the first piece count's.
+the first piece count's. `--compile` adds the DQN's rows with the evaluation's step compiled
+(Evaluator(compile=True), `foxhunt train --compile-eval`), whose returns are compared with the
+uncompiled first row's.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--pieces", default=None, help="comma-separated piece counts")
+    ap.add_argument("--compile", action="store_true", help="also the DQN's step compiled")
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
@@ -53,10 +56,13 @@ def main() -> None:
         agent.begin_epoch(e, 2)
         agent.collect()
         agent.learn()
+    # name -> (policy, the evaluation's step compiled, the row whose returns it must give)
     policies = {
-        "dqn": agent.greedy,
-        "signal": signal_policy(torch.tensor(feats[:, 0], device=dev), 1.0),
+        "dqn": (agent.greedy, False, "dqn"),
+        "signal": (signal_policy(torch.tensor(feats[:, 0], device=dev), 1.0), False, "signal"),
     }
+    if args.compile:
+        policies["dqn-comp"] = (agent.greedy, True, "dqn")
     default = "16,64,256" if smoke else "1024,2048,4096,8192,16384"
     counts = [int(k) for k in (args.pieces or default).split(",")]
     graph = not smoke
@@ -67,10 +73,10 @@ def main() -> None:
 
     print(f"{val[1] - val[0]} val bars on {dev}")
     print(f"{'policy':8s} {'pieces':>7s} {'ms':>8s} {'passes':>6s}  same returns")
-    for name, policy in policies.items():
-        first = None
+    firsts: dict[str, torch.Tensor] = {}
+    for name, (policy, comp, same_as) in policies.items():
         for k in counts:
-            ev = Evaluator(EnvConfig(), data, k, capture=graph)
+            ev = Evaluator(EnvConfig(), data, k, capture=graph, compile=comp)
             ev.run(policy, *val, graph=graph)  # captures on a GPU
             times = []
             for _ in range(3 if smoke else 7):
@@ -80,8 +86,7 @@ def main() -> None:
                 sync()
                 times.append(time.perf_counter() - t0)
             r = r.clone()
-            first = r if first is None else first
-            same = torch.equal(r, first)
+            same = torch.equal(r, firsts.setdefault(same_as, r))
             print(f"{name:8s} {k:7d} {statistics.median(times) * 1e3:8.1f} {ev.last_passes:6d}  "
                   f"{same}", flush=True)  # fmt: skip
 

@@ -4,6 +4,7 @@ compile cache.
 
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
+                                [--compile-eval]
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -85,6 +86,7 @@ def main() -> None:
     ap.add_argument(
         "--eval-segments", type=int, default=None, help="pieces of a val/test range (the default's)"
     )
+    ap.add_argument("--compile-eval", action="store_true", help="TrainConfig.compile_eval")
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_plan.json"
@@ -105,7 +107,8 @@ def main() -> None:
         cfg = {"folds": str(folds), "cache": str(root / "fxcache"), "cc": str(root / "cc"),
                "model": args.model, "epochs": args.epochs, "fold_ids": fold_ids,
                "device": "cpu" if smoke else "cuda",
-               "eval_segments": args.eval_segments}  # fmt: skip
+               "eval_segments": args.eval_segments,
+               "compile_eval": args.compile_eval}  # fmt: skip
         if smoke:
             cfg[args.model] = ({"envs": 64, "batch_size": 64, "learn_steps": 8,
                                 "collect_steps": 8, "replay_capacity": 4096}

@@ -235,3 +235,19 @@ def test_the_next_pass_starts_are_the_piece_by_piece_loop_s(seed):
     assert held.sum() > K // 3 and not torch.equal(
         got, torch.cat([state[0, :, :1], state[L, :, :-1]], 1)
     )
+
+
+def test_a_compiled_step_gives_the_sequential_walk():
+    """Evaluator(compile=True) compiles its step (policy, env step, writes) for runs whose
+    policy is graph-safe (`graph=True`): the pieces still give the sequential walk's returns
+    (the uncompiled walk in one piece), bit for bit on the CPU. A policy that reads the whole
+    portfolio and holds positions across pieces, so that the later passes run compiled too."""
+    score = torch.tensor(np.random.default_rng(4).normal(size=640), dtype=torch.float32)
+    policy = portfolio_rule(score)
+    r1, tr1, pos1, _ = walk(policy, 1)
+    ev = Evaluator(COSTS, random_market(640, seed=3), 16, compile=True)
+    compiled_step, calls = ev._compiled_step, []
+    ev._compiled_step = lambda p: (calls.append(p), compiled_step(p))[1]
+    r, tr = ev.run(policy, 20, 620, graph=True)
+    assert ev.last_passes > 1 and len(calls) > 38  # every step of the passes, compiled
+    assert torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(ev.last_positions, pos1)

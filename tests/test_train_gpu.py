@@ -322,18 +322,21 @@ def test_a_wide_tft_predicts_in_pieces_that_fit(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_captured_evaluation_in_pieces_gives_the_sequential_walk():
+@pytest.mark.parametrize("compile_", [False, True])
+def test_captured_evaluation_in_pieces_gives_the_sequential_walk(compile_):
     """1,024 pieces, the step captured as a CUDA graph and replayed over the passes, against
-    one eager piece: a policy that reads the whole portfolio and holds across the pieces."""
+    one piece walked step by step: a policy that reads the whole portfolio and holds across the
+    pieces. Compiled, against the one piece walked with the same compiled step (inductor may
+    round the env's arithmetic otherwise than eager kernels)."""
     from foxhunt.train.evaluate import Evaluator
     from test_evaluate import COSTS, portfolio_rule
 
     data = gpu_data()
     score = torch.randn(data.n, generator=torch.Generator().manual_seed(4)).cuda()
     policy = portfolio_rule(score)
-    walk = Evaluator(COSTS, data, 1)
-    r1, tr1 = (x.clone() for x in walk.run(policy, 1000, 15000))
-    pieces = Evaluator(COSTS, data, 1024, capture=True)
+    walk = Evaluator(COSTS, data, 1, compile=compile_)
+    r1, tr1 = (x.clone() for x in walk.run(policy, 1000, 15000, graph=compile_))
+    pieces = Evaluator(COSTS, data, 1024, capture=True, compile=compile_)
     for _ in range(2):  # captured on the first run, replayed on the second
         r, tr = pieces.run(policy, 1000, 15000, graph=True)
         assert pieces.last_passes > 1

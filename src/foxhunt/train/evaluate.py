@@ -24,7 +24,10 @@ pieces (which sets the speed alone):
   from flat pieces: its draws differ from pass to pass.
 
 On a GPU one evaluation step (policy, env step, and writing its row of returns at a device-side
-step counter) can be captured as a CUDA graph and replayed once per step of the pieces.
+step counter) can be captured as a CUDA graph and replayed once per step of the pieces. With
+`compile`, that step is also torch.compile'd for policies run with `graph=True` (the caller's
+word that the policy is graph-safe): the policy's forward, the env step and the writes fused
+into a few kernels.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from collections.abc import Callable
 
 import torch
 
-from foxhunt.train.agents.common import capture_graphs
+from foxhunt.train.agents.common import capture_graphs, compiled
 from foxhunt.train.env import BRANCHES, PORTFOLIO, EnvConfig, TradingEnv
 
 # A policy maps (bars [K], portfolio [K, 3]) to branch actions [K, 3].
@@ -61,8 +64,12 @@ def default_segments(device: torch.device) -> int:
 
 
 class Evaluator:
-    def __init__(self, env_cfg: EnvConfig, data, segments: int, capture: bool = False):
+    def __init__(
+        self, env_cfg: EnvConfig, data, segments: int, capture: bool = False,
+        compile: bool = False,
+    ):  # fmt: skip
         self.data, self.segments, self.capture = data, segments, capture
+        self._compiled_step = compiled(self._step) if compile else None
         self.env = TradingEnv(env_cfg, segments, data.close, data.high, data.low, data.ret1)
         dev = data.device
         self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
@@ -134,10 +141,11 @@ class Evaluator:
         self.starts.copy_((lo + torch.arange(K, device=dev) * L).clamp(max=hi - 2))
         env.episode_bars.fill_(L + 1)  # pieces end by their length, never by the clock
         key = id(policy)
+        step = self._compiled_step if graph and self._compiled_step is not None else self._step
         graph = graph and self.capture
         if graph and key not in self.graphs:
             self._begin(policy, None)
-            self.graphs[key] = self._capture(policy)
+            self.graphs[key] = self._capture(policy, step)
         g = self.graphs.get(key) if graph else None
 
         def steps(k: int) -> None:
@@ -145,7 +153,7 @@ class Evaluator:
                 if g is not None:
                     g.replay()
                 else:
-                    self._step(policy)
+                    step(policy)
 
         self._begin(policy, None)
         steps(L)
@@ -227,11 +235,11 @@ class Evaluator:
         self.state[0].copy_(self._key(policy))
         self.k.zero_()
 
-    def _capture(self, policy: Policy) -> torch.cuda.CUDAGraph:
-        def step() -> None:
-            self._step(policy)  # the warm-up's effects are reset by the caller's _begin
+    def _capture(self, policy: Policy, step: Callable) -> torch.cuda.CUDAGraph:
+        def one() -> None:
+            step(policy)  # the warm-up's effects are reset by the caller's _begin
 
-        return capture_graphs(self.data.device, step, {"step": step})["step"]
+        return capture_graphs(self.data.device, one, {"step": one})["step"]
 
 
 def random_policy(generator: torch.Generator) -> Policy:
