@@ -29,15 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import standard_market
-from foxhunt.folds import FoldsConfig, FoldSpec, run_folds
-from foxhunt.fxcache.store import publish
-
-SPAN_NS = 2_000_000 * 9 * 10**9  # 2M bars 9 s apart: ~7 months, three 5-month folds a month apart
+from foxhunt.bench.workload import standard_fxcache
 
 CHILD = """
 import json, sys, time
@@ -62,21 +56,6 @@ print(json.dumps({"total_s": time.time() - t0, **marks, "upload_ms": res.upload_
 """
 
 
-def standard_cache(root: Path, n: int, months: tuple[int, int, int]) -> Path:
-    """The standard market as the fxcache `root/fxcache/<key>` and its folds file."""
-    feats, ofi, ohlc = standard_market(n)
-    step = SPAN_NS // n  # the same ~7 months whatever n, so that the folds are the same
-    ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * step
-    publish(root / "fxcache", "standard", {"features": feats, "ofi": ofi, "targets": ohlc,
-                                           "timestamps": ts},
-            {"symbol": "STD", "bar_size": f"{step / 1e9:g}s"})  # fmt: skip
-    train, val, test = months
-    spec = FoldSpec(train_months=train, val_months=val, test_months=test)
-    folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="STD",
-                                     out=root / "folds.json", spec=spec))  # fmt: skip
-    return folds
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--cpu-smoke", action="store_true")
@@ -96,7 +75,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as work:  # the cache (~0.5 GB at 2M bars), removed
         root = Path(work)
         t0 = time.perf_counter()
-        folds = standard_cache(root, n, (3, 1, 1))
+        folds = standard_fxcache(root, n)
         doc = json.loads(folds.read_text())
         fold_ids = [f["fold"] for f in doc["folds"]][: args.folds]
         res["data_s"] = time.perf_counter() - t0

@@ -388,3 +388,42 @@ def test_stacked_agents_match_each_alone_within_float_tolerance():
         for k in alone[0][0]:
             assert stacked[0][i][k] == pytest.approx(alone[0][0][k], rel=1e-4, abs=1e-6), k
         torch.testing.assert_close(w_stacked[i], w_alone[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tmp_path):
+    """`foxhunt train`'s GPU path end to end: compiled and captured steps, the compiled
+    evaluation (`compile_eval`), resume files written through page-locked memory. Killed after
+    its second epoch and run again, a task ends with the metrics of one never killed."""
+    import json
+
+    from foxhunt.bench.workload import standard_fxcache
+    from foxhunt.train.core import TrainConfig, run_train
+    from foxhunt.train.tracking import NullLogger
+    from trainruns import Killed, metrics_of
+
+    folds = standard_fxcache(tmp_path / "data", 60_000)
+    fold = json.loads(folds.read_text())["folds"][0]["fold"]
+    dqn = DQNConfig(
+        hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
+        batch_size=512, replay_capacity=32_768, n_step=3,
+    )  # fmt: skip
+
+    def cfg(out: str) -> TrainConfig:
+        return TrainConfig(
+            folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / out, epochs=3,
+            fold_ids=(fold,), device="cuda", tracking="none", baselines=False, run_id="r",
+            compile_eval=True, dqn=dqn,
+        )  # fmt: skip
+
+    full = run_train(cfg("full"), NullLogger())
+
+    def kill(fold: int, epoch: int) -> None:
+        if epoch == 1:
+            raise Killed
+
+    with pytest.raises(Killed):
+        run_train(cfg("killed"), NullLogger(), on_epoch_end=kill)
+    resumed = run_train(cfg("killed"), NullLogger())
+    assert resumed.resumed
+    assert metrics_of(resumed) == metrics_of(full)

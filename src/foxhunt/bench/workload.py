@@ -20,6 +20,7 @@ import math
 import resource
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -40,6 +41,31 @@ def standard_market(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.n
     high = np.maximum(openp, close) * (1 + sp[:, 0])
     low = np.minimum(openp, close) * (1 - sp[:, 1])
     return feats, ofi, np.stack([openp, high, low, close], 1)
+
+
+STANDARD_SPAN_NS = 2_000_000 * 9 * 10**9
+"""The standard market's time span as an fxcache: 2M bars 9 s apart, ~7 months (three folds of
+3 months of train, 1 of val and 1 of test, a month apart)."""
+
+
+def standard_fxcache(root: Path, n: int, months: tuple[int, int, int] = (3, 1, 1)) -> Path:
+    """The standard market of n bars published as the fxcache `root/fxcache/standard`, its bars
+    spread over the same ~7 months whatever n, and cut by the folds step (train, val and test
+    months) into `root/folds.json`; returns the folds file's path."""
+    from foxhunt.folds import FoldsConfig, FoldSpec, run_folds
+    from foxhunt.fxcache.store import publish
+
+    feats, ofi, ohlc = standard_market(n)
+    step = STANDARD_SPAN_NS // n
+    ts = np.datetime64("2024-01-01", "ns").astype(np.int64) + np.arange(n, dtype=np.int64) * step
+    publish(root / "fxcache", "standard", {"features": feats, "ofi": ofi, "targets": ohlc,
+                                           "timestamps": ts},
+            {"symbol": "STD", "bar_size": f"{step / 1e9:g}s"})  # fmt: skip
+    train, val, test = months
+    spec = FoldSpec(train_months=train, val_months=val, test_months=test)
+    folds, _ = run_folds(FoldsConfig(cache=root / "fxcache", symbol="STD",
+                                     out=root / "folds.json", spec=spec))  # fmt: skip
+    return folds
 
 
 def model_config(model: str, sets: dict):
