@@ -14,7 +14,7 @@ at 0.9 (its default): the planted edge has a half-life of ~7 bars.
 The comparisons quoted below were measured when every evaluation piece started flat (the
 choices hold on the exact evaluator). On it, 2026-12-03, 2 cores: the DQN earns test Sharpe
 20.21 +- 0.52 with costs on and 28.96 +- 0.25 off (six seeds; the ridge baselines 19.74 and
-28.92), PPO 19.18 +- 1.22 and 27.71 +- 0.28 (three seeds).
+28.92), PPO 18.87 +- 0.65 and 27.83 +- 0.35 (six seeds).
 """
 
 from foxhunt.train.agents.dqn import DQNConfig
