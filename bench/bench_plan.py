@@ -4,7 +4,7 @@ compile cache.
 
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
-                                [--compile-eval]
+                                [--compile-eval {off,on,both}]
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -15,6 +15,8 @@ one compile cache folder: each maps the cache, uploads it once, builds, compiles
 and trains every fold with a validation pass each epoch, the best checkpoint and the test.
 Reported per process: seconds from its start to the end of its first epoch and to its results,
 the epochs' share, and the test Sharpe (which says nothing here: the market is noise).
+`--compile-eval both` runs the cold and warm processes with the evaluation's step compiled
+(TrainConfig.compile_eval) and then a third, warm, without it: the A/B in one call.
 Prints a table; JSON to $OUT or /tmp.
 """
 
@@ -65,7 +67,10 @@ def main() -> None:
     ap.add_argument(
         "--eval-segments", type=int, default=None, help="pieces of a val/test range (the default's)"
     )
-    ap.add_argument("--compile-eval", action="store_true", help="TrainConfig.compile_eval")
+    ap.add_argument(
+        "--compile-eval", default="off", choices=("off", "on", "both"),
+        help="TrainConfig.compile_eval (both: cold and warm on, then warm off)",
+    )  # fmt: skip
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_plan.json"
@@ -87,16 +92,19 @@ def main() -> None:
                "model": args.model, "epochs": args.epochs, "fold_ids": fold_ids,
                "device": "cpu" if smoke else "cuda",
                "eval_segments": args.eval_segments,
-               "compile_eval": args.compile_eval}  # fmt: skip
+               "compile_eval": args.compile_eval != "off"}  # fmt: skip
         if smoke:
             cfg[args.model] = ({"envs": 64, "batch_size": 64, "learn_steps": 8,
                                 "collect_steps": 8, "replay_capacity": 4096}
                                if args.model == "dqn" else
                                {"envs": 64, "rollout_steps": 8, "rounds": 1})  # fmt: skip
-        for phase in ("cold", "warm"):
+        phases = {"cold cache": cfg["compile_eval"], "warm cache": cfg["compile_eval"]}
+        if args.compile_eval == "both":
+            phases["warm cache again"] = False
+        for phase, compile_eval in phases.items():
+            run_cfg = cfg | {"out": str(root / f"runs-{len(res)}"), "compile_eval": compile_eval}
             p = subprocess.run(
-                [sys.executable, "-c", CHILD, str(time.time()), src,
-                 json.dumps(cfg | {"out": str(root / f"runs-{phase}")})],
+                [sys.executable, "-c", CHILD, str(time.time()), src, json.dumps(run_cfg)],
                 capture_output=True, text=True, env=os.environ.copy(),
             )  # fmt: skip
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
@@ -106,7 +114,8 @@ def main() -> None:
                 print(f"{phase}: FAILED {r['error']}", flush=True)
             else:
                 print(f"{args.model} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
-                      f"compile cache: {r['total_s']:.1f} s from the process's start to its "
+                      f"(evaluation {'compiled' if compile_eval else 'captured only'}): "
+                      f"{r['total_s']:.1f} s from the process's start to its "
                       f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
             out.write_text(json.dumps(res, indent=1))
