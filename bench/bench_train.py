@@ -16,7 +16,8 @@ their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused
 time), `-fusedhead` (C51's expectation and projection written as broadcast reductions that
 inductor fuses, `fused_head`; the CPU smoke checks they give the same numbers), `-f32out` (the
 output layers in float32, `float32_outputs`), `-eagercollect` (a compiled variant's collection
-step left uncompiled).
+step left uncompiled), `-torchtarget` (C51's next-state target in torch rather than the Triton
+kernel of foxhunt.train.agents.c51_triton, `triton_target`).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -328,6 +329,7 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         compile="compile" in opts or "autotune" in opts,
         compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
         float32_outputs="f32out" in opts,
+        triton_target=False if "torchtarget" in opts else None,
         **(small if args.cpu_smoke else {}),
     )
     t0 = time.perf_counter()

@@ -18,6 +18,7 @@ from foxhunt.train.agents.dqn import (
     RainbowAgent,
     Replay,
     acting_net,
+    c51_next_target,
     derived_support,
     project_c51,
     quantile_huber,
@@ -143,6 +144,33 @@ def test_c51_projection_equals_bellemare_algorithm():
     ref = (p.numpy() * out[:, None, :]).sum(-1)
     np.testing.assert_allclose(clipped.numpy(), ref, atol=1e-12)
     assert clipped[1].min() > 0.3  # R = 25 on [-10, 10]: most mass lands beyond v_max
+
+
+def test_c51_target_takes_the_online_choice_and_projects_the_target_distribution():
+    """c51_next_target (what c51_triton fuses on a GPU) against a slow loop: the action of the
+    highest expected value under the online logits, the target net's distribution of that
+    action, Bellemare et al.'s projection."""
+    g = torch.Generator().manual_seed(5)
+    B, A, N = 24, 30, 51
+    on2, tg2 = (3 * torch.randn(B, A, N, generator=g) for _ in range(2))
+    R, disc = torch.randn(B, generator=g), torch.rand(B, 1, generator=g)
+    R[0] = 9.0  # beyond v_max: all the mass clipped
+    z = torch.linspace(-2, 2, N)
+    target, clipped = c51_next_target(on2, tg2, R, disc, z)
+    assert target.shape == (B, 1, N) and clipped.shape == (B, 1)
+    for b in range(B):
+        q = [float((torch.softmax(on2[b, a].double(), 0) * z.double()).sum()) for a in range(A)]
+        best = max(range(A), key=q.__getitem__)
+        p = torch.softmax(tg2[b, best].double(), 0).numpy()
+        ref = bellemare_projection(p, float(R[b]), float(disc[b]), z.double().numpy())
+        np.testing.assert_allclose(target[b, 0].numpy(), ref, atol=5e-6)  # float32
+    assert clipped[0].item() == pytest.approx(1.0)
+
+
+def test_fused_c51_target_asked_for_where_it_cannot_run_is_refused():
+    with pytest.raises(ValueError, match=r"triton_target = True: .* CUDA device"):
+        DQNConfig(triton_target=True).resolved(torch.device("cpu"))
+    assert DQNConfig().resolved(torch.device("cpu")).triton_target is False
 
 
 def test_derived_support_holds_the_discounted_returns_of_a_held_position():

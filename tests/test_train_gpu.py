@@ -26,12 +26,14 @@ def run_epochs(
     epochs: int = 3,
     learn_steps: int = 24,
     compile_: bool = False,
+    triton_target: bool | None = None,
 ):
     data = gpu_data()
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=compile_, precision=precision,
         distribution=distribution, noisy=True, epsilon=0.0, n_step=3,
+        triton_target=triton_target,
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
     agent.ensure_optimizer_state()
@@ -81,6 +83,51 @@ def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
     for k in s_e[0]:
         assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_triton_c51_target_computes_the_torch_forms_numbers(dtype):
+    """c51_triton.next_target against dqn.c51_next_target (the torch form, itself tested
+    against Bellemare et al.'s projection): the same next actions and targets to float
+    rounding, on logits with the heads' padded strides, targets inside and outside the
+    support, and at the standard batch."""
+    from foxhunt.train.agents import c51_triton
+    from foxhunt.train.agents.dqn import c51_next_target
+
+    g = torch.Generator("cuda").manual_seed(0)
+    for B, A, N in ((8192, 30, 51), (1000, 30, 51), (77, 5, 11)):
+        pad = torch.randn(B, A * N + 6, device="cuda", generator=g, dtype=dtype) * 3
+        on2 = pad[:, : A * N].view(B, A, N)  # a view with the heads' row stride
+        tg2 = torch.randn(B, A, N, device="cuda", generator=g).to(dtype) * 3
+        R = torch.randn(B, device="cuda", generator=g) * 0.7
+        R[:5] = torch.tensor([5.0, -5.0, 0.0, 1.0, -1.0])  # wholly or exactly at the ends
+        disc = torch.rand(B, 1, device="cuda", generator=g)
+        z = torch.linspace(-1.0, 1.0, N, device="cuda")
+        target, clip = c51_triton.next_target(on2, tg2, R, disc, z)
+        ref, ref_clip = c51_next_target(on2, tg2, R, disc, z)
+        assert target.shape == ref.shape and clip.shape == ref_clip.shape
+        # Where the best two actions' values differ by more than rounding, the same action.
+        q = torch.softmax(on2.float(), -1) @ z
+        top2 = q.topk(2, -1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 1e-5
+        assert clear.float().mean() > 0.95
+        torch.testing.assert_close(target[clear], ref[clear], rtol=0, atol=1e-5)
+        torch.testing.assert_close(clip[clear], ref_clip[clear], rtol=0, atol=1e-5)
+        torch.testing.assert_close(target.sum(-1), torch.ones(B, 1, device="cuda"), rtol=0,
+                                   atol=1e-5)  # fmt: skip
+        assert clip[0].item() == pytest.approx(1.0) and clip[1].item() == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_triton_c51_target_trains_as_the_torch_form_within_float_tolerance():
+    """One epoch with one learning step, the agent with the fused target against the torch
+    form (as the compiled check above)."""
+    s_t, p_t, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
+    s_r, p_r, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1, triton_target=False)
+    for k in s_t[0]:
+        assert s_r[0][k] == pytest.approx(s_t[0][k], rel=1e-4, abs=1e-6), k
+    torch.testing.assert_close(p_r, p_t, rtol=1e-4, atol=1e-6)
 
 
 def run_onpolicy(capture: str, model: str, precision: str = "fp32", epochs: int = 3):

@@ -35,7 +35,7 @@ import torch
 from torch.func import functional_call, vmap
 
 from foxhunt.train.agents.common import capture_restoring, compiled, view_params
-from foxhunt.train.agents.dqn import RainbowAgent, Replay
+from foxhunt.train.agents.dqn import RainbowAgent, Replay, c51_next_target
 from foxhunt.train.env import TradingEnv
 
 # A RainbowAgent's tensors that differ between agents, stacked (attribute paths) ...
@@ -216,6 +216,7 @@ class StackedRainbow:
             over[""]["net"] = _bind(a0.net, params)
         if target is not None:
             over[""]["target"] = _bind(a0.target, target)
+        over[""]["next_target"] = c51_next_target  # c51_triton's kernel has no vmap rule
         over[""]["replay"] = _view(Replay, a0.replay, self.names["replay"], over["replay"])
         over[""]["env"] = _view(TradingEnv, a0.env, self.names["env"], over["env"])
         return _view(RainbowAgent, a0, self.names[""], over[""])
