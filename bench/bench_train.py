@@ -13,11 +13,9 @@ steps at E = 16384, then 488 learning steps at B = 8192. Variants `-noisy` use n
 instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the network's FLOPs),
 `-compile` torch.compile the loss and the update. A/B switches: `-noalign` (head matmuls at
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
-time), `-fusedhead` (C51's expectation and projection written as broadcast reductions that
-inductor fuses, `fused_head`; the CPU smoke checks they give the same numbers), `-f32out` (the
-output layers in float32, `float32_outputs`), `-eagercollect` (a compiled variant's collection
-step left uncompiled), `-torchtarget` (C51's next-state target in torch rather than the Triton
-kernel of foxhunt.train.agents.c51_triton, `triton_target`).
+time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
+compiled variant's collection step left uncompiled), `-torchtarget` (C51's projection in torch
+rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -50,11 +48,9 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-import foxhunt.train.agents.dqn as dqn_module
 from foxhunt.bench.workload import standard_market
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
@@ -200,12 +196,6 @@ def main() -> None:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
 
-    if args.cpu_smoke or "fusedhead" in args.variants:
-        diff = check_fused_head()
-        res["fused_head_max_diff"] = diff
-        print(f"fused C51 head against foxhunt's: max difference {diff:.2g}", flush=True)
-        assert diff < 1e-5, "the -fusedhead forms do not compute foxhunt's numbers"
-
     if args.check and dev.type == "cuda":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
         import test_train_gpu as t
@@ -239,54 +229,6 @@ def main() -> None:
     out = Path(os.environ.get("OUT", "/tmp")) / "bench_train.json"
     out.write_text(json.dumps(res, indent=2))
     print(f"results in {out}")
-
-
-def fused_expected_q(out: torch.Tensor, z: torch.Tensor, distribution: str) -> torch.Tensor:
-    """dqn.expected_q with C51's expectation as a multiply-and-sum over the atoms, a reduction
-    inductor fuses with the softmax (the matmul form is a matrix-vector product that inductor
-    may or may not fuse: the H200 profile shows one fused kernel of 76 us for it)."""
-    if distribution != "c51":
-        return dqn_module.expected_q(out, z, distribution)
-    return (F.softmax(out.float(), -1) * z).sum(-1)
-
-
-def fused_project_c51(p_next: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor):
-    """dqn.project_c51 (one distribution per sample, K = 1) with the projection as a
-    multiply-and-sum over the target atoms, which inductor fuses with the weights' arithmetic:
-    no [B, 51, 51] matrix in memory and no batched gemv over it."""
-    n = z.numel()
-    v_min, v_max = z[0], z[-1]
-    dz = (v_max - v_min) / (n - 1)
-    tz = R + disc * z
-    outside = ((tz < v_min) | (tz > v_max)).to(p_next.dtype)
-    b = (tz.clamp(v_min, v_max) - v_min) / dz
-    i = torch.arange(n, device=z.device, dtype=b.dtype)
-    hat = (1.0 - (b.unsqueeze(-1) - i).abs()).clamp_min(0.0)  # [B, j, i]
-    proj = (p_next.transpose(1, 2) * hat).sum(1, keepdim=True)  # [B, 1, i]
-    return proj, (p_next * outside.unsqueeze(1)).sum(-1)
-
-
-class fused_head:
-    """The `-fusedhead` experiment: the DQN built inside uses the fused forms above."""
-
-    def __enter__(self):
-        self.saved = dqn_module.expected_q, dqn_module.project_c51
-        dqn_module.expected_q, dqn_module.project_c51 = fused_expected_q, fused_project_c51
-
-    def __exit__(self, *exc):
-        dqn_module.expected_q, dqn_module.project_c51 = self.saved
-
-
-def check_fused_head() -> float:
-    """Largest difference between the fused forms and foxhunt's on random C51 inputs."""
-    g = torch.Generator().manual_seed(0)
-    out, z = torch.randn(64, 30, 51, generator=g), torch.linspace(-3.0, 3.0, 51)
-    p = F.softmax(torch.randn(64, 1, 51, generator=g), -1)
-    R, disc = torch.randn(64, 1, generator=g), torch.rand(64, 1, generator=g)
-    diffs = [fused_expected_q(out, z, "c51") - dqn_module.expected_q(out, z, "c51")]
-    fused, ref = fused_project_c51(p, R, disc, z), dqn_module.project_c51(p, R, disc, z)
-    diffs += [a - b for a, b in zip(fused, ref, strict=True)]
-    return max(float(d.abs().max()) for d in diffs)
 
 
 def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) -> None:
@@ -333,10 +275,6 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         **(small if args.cpu_smoke else {}),
     )
     t0 = time.perf_counter()
-    if "fusedhead" in opts:  # compiled at capture: the forms must be in place until then
-        with fused_head():
-            build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
-        return
     build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 
 
