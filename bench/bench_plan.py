@@ -114,7 +114,7 @@ def main() -> None:
                 print(f"{phase}: FAILED {r['error']}", flush=True)
             else:
                 print(f"{args.model} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
-                      f"(evaluation {'compiled' if compile_eval else 'captured only'}): "
+                      f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "
                       f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
