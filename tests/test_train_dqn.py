@@ -268,6 +268,27 @@ def test_noisy_linear_equals_the_explicit_factorised_formula():
     torch.testing.assert_close(layer(x, noise=False), x @ layer.weight_mu.T + layer.bias_mu)
 
 
+@pytest.mark.parametrize("rows", [None, 6])
+def test_a_networks_noise_is_each_layers_own_draw_in_turn(rows):
+    """QNet draws every noisy layer's buffers in one call (multi-tensor kernels): the numbers of
+    a plain loop that draws each buffer from the generator in turn and maps it through
+    f(e) = sign(e) sqrt|e|, bit for bit."""
+    net = QNet(tiny(noisy=True))
+    layers = net.noisy_layers()
+    assert len(layers) == 3
+    g = torch.Generator().manual_seed(11)
+    if rows is None:
+        net.reset_noise(g)
+        got = [e.clone() for m in layers for e in (m.eps_in, m.eps_out)]
+    else:
+        net.reset_row_noise(rows, g)
+        got = [e.clone() for m in layers for e in (m.row_in, m.row_out)]
+    g.manual_seed(11)
+    for e in got:
+        ref = torch.empty_like(e).normal_(generator=g)
+        assert torch.equal(e, ref.sign() * ref.abs().sqrt())
+
+
 def test_per_row_noise_is_the_factorised_formula_row_by_row():
     """noise="rows": row i sees its own factorised sample; rows that share the shared sample
     give the shared-noise output exactly."""

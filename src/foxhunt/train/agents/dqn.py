@@ -255,6 +255,22 @@ class DQNConfig:
 
 
 # ---------------------------------------------------------------------------------- network
+@torch.no_grad()
+def factorised_noise_(eps: list[torch.Tensor], generator: torch.Generator | None) -> None:
+    """Draw each tensor of `eps` from N(0, 1), in turn, and map it through f(e) = sign(e)
+    sqrt|e| in place. f runs as five multi-tensor kernels over all of them: a noisy learning
+    step redraws six buffers in each of two networks, which took one kernel a draw and five a
+    buffer for f (72 small kernels) and take 22 this way, with the same numbers."""
+    if not eps:  # a network without noisy layers
+        return
+    for e in eps:
+        e.normal_(generator=generator)
+    mag = torch._foreach_abs(eps)
+    torch._foreach_sqrt_(mag)
+    torch._foreach_mul_(mag, torch._foreach_sign(eps))
+    torch._foreach_copy_(eps, mag)
+
+
 class NoisyLinear(nn.Module):
     """y = (mu_W + sigma_W * (f(e_out) f(e_in)^T)) x + mu_b + sigma_b * f(e_out),
     f(e) = sign(e) sqrt|e| (factorised Gaussian noise, Fortunato et al. 2018). The noise matrix is
@@ -274,23 +290,21 @@ class NoisyLinear(nn.Module):
         self.row_in: torch.Tensor | None = None
         self.row_out: torch.Tensor | None = None
 
-    @torch.no_grad()
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
-        for e in (self.eps_in, self.eps_out):
-            e.normal_(generator=generator)
-            e.copy_(e.sign() * e.abs().sqrt())
+        factorised_noise_([self.eps_in, self.eps_out], generator)
 
-    @torch.no_grad()
-    def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
-        """Draw an independent noise sample for each of `rows` inputs (forward with
-        noise="rows"): the same buffers every call, so a captured graph can redraw them."""
+    def row_noise(self, rows: int) -> list[torch.Tensor]:
+        """The per-row noise buffers for `rows` inputs (forward with noise="rows"), allocated
+        at the first call: the same buffers every call, so a captured graph can redraw them."""
         if self.row_in is None or self.row_in.shape[0] != rows:
             dev = self.eps_in.device
             self.row_in = torch.zeros(rows, self.eps_in.numel(), device=dev)
             self.row_out = torch.zeros(rows, self.eps_out.numel(), device=dev)
-        for e in (self.row_in, self.row_out):
-            e.normal_(generator=generator)
-            e.copy_(e.sign() * e.abs().sqrt())
+        return [self.row_in, self.row_out]
+
+    def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
+        """Draw an independent noise sample for each of `rows` inputs."""
+        factorised_noise_(self.row_noise(rows), generator)
 
     @property
     def out_features(self) -> int:
@@ -348,12 +362,13 @@ class QNet(nn.Module):
         return [m for m in self.modules() if isinstance(m, NoisyLinear)]
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
-        for m in self.noisy_layers():
-            m.reset_noise(generator)
+        """Every noisy layer's shared sample, in one call (`factorised_noise_`): the numbers
+        each layer's own reset_noise would draw in turn."""
+        factorised_noise_([e for m in self.noisy_layers() for e in (m.eps_in, m.eps_out)],
+                          generator)  # fmt: skip
 
     def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
-        for m in self.noisy_layers():
-            m.reset_row_noise(rows, generator)
+        factorised_noise_([e for m in self.noisy_layers() for e in m.row_noise(rows)], generator)
 
     def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
