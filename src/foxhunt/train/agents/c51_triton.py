@@ -9,9 +9,11 @@ dense form of `dqn.project_c51`). In torch that part writes a [B, 51, 51] weight
 memory and multiplies it by a batched matrix-vector kernel: ~100 us a learning step on an H200
 at batch 8,192 (a 60 us gemv, a 24 us kernel for the matrix, 16 us for the gather and
 softmax). Here each sample's weights are computed in registers where they are used, and only
-the [B, 51] target is written. The standard epoch: 0.330 s against 0.358 s with the torch form
-(H200, 2026-12-03, `bench/bench_train.py --variants
-graph-bf16-compile,graph-bf16-compile-torchtarget`, one call).
+the [B, 51] target is written. The standard epoch (H200, 2026-12-03, one call, each variant
+built twice and timed in turn, `bench/bench_train.py --variants
+graph-bf16-compile-torchtarget,graph-bf16-compile,...`): 0.342 s against 0.367 s with the
+torch form, at 2 samples and 4 warps a program; 0.336 s at 1 sample and 1 warp (BLOCK_B;
+a later call). The kernel alone: `bench/bench_c51_kernel.py`.
 
 Same arithmetic as the torch form in float32, summed in another order: the targets agree to
 float rounding (tests/test_train_gpu.py). The kernel has no atomics, so a run is as
@@ -42,8 +44,13 @@ def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
-BLOCK_B = 2
-"""Samples a program projects: a [2, 64, 64] tile of weights in registers."""
+BLOCK_B = 1
+"""Samples a program projects: a [1, 64, 64] tile of weights in the registers of one warp
+(NUM_WARPS). At batch 8,192 on an H200 (2026-12-03, the network's bf16 output with padded
+strides and contiguous, in a CUDA graph; `bench/bench_c51_kernel.py`): 12.5 us; 1 sample and
+2-8 warps 20-50 us; 2 samples and 1-4 warps 12.4-22 us (4 warps was the first choice: 22 us);
+4 and 8 samples 19-565 us."""
+NUM_WARPS = 1
 
 if triton is not None:
 
@@ -90,7 +97,7 @@ if triton is not None:
         clip = torch.empty(B, 1, device=tg2.device, dtype=torch.float32)
         torch.library.wrap_triton(_project_kernel)[(triton.cdiv(B, BLOCK_B),)](
             tg2, a2, R, disc, z, out, clip, B, N, *tg2.stride(),
-            BLOCK_B=BLOCK_B, BLOCK_N=triton.next_power_of_2(N), num_warps=4,
+            BLOCK_B=BLOCK_B, BLOCK_N=triton.next_power_of_2(N), num_warps=NUM_WARPS,
         )  # fmt: skip
         return out, clip
 
