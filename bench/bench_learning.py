@@ -16,8 +16,9 @@ regressions on the 50 observable columns (sign traded, and cost-aware with a thr
 val), and the oracle that knows the latent order-flow pressure s[t] that synth planted (rebuilt
 from synth.json's seed and parameters) and holds sign(s[t]) (cost-aware variant too). Sharpe
 ratios are annualised, the mean over the folds; a model's is the mean over seeds with its
-standard error. "costs on" charges the env's defaults (0.1 bp fee + 0.25 bp half spread per
-unit traded by market orders), "costs off" nothing. With --jobs N the tasks run in N processes
+standard error, and each fold's test figure (mean over seeds) is printed beside. "costs on"
+charges the env's defaults (0.1 bp fee + 0.25 bp half spread per unit traded by market orders),
+"costs off" nothing. With --jobs N the tasks run in N processes
 of one thread each (a seed's figures depend on the thread count: compare on one setting).
 """
 
@@ -262,7 +263,8 @@ def main() -> None:
 
 
 def report(costs: str, env: EnvConfig, table: dict, secs: dict[str, float]) -> None:
-    """One row per policy: mean over folds, then mean and standard error over seeds."""
+    """One row per policy: mean over folds, then mean and standard error over seeds; and each
+    fold's test Sharpe, the mean over seeds (where a model gains or loses against a baseline)."""
     charged = (
         "costs off"
         if costs == "off"
@@ -271,7 +273,7 @@ def report(costs: str, env: EnvConfig, table: dict, secs: dict[str, float]) -> N
     per = ", ".join(f"{m} {s:.0f} s" for m, s in secs.items())
     print(f"\n{charged}; training time per seed: {per}")
     print(f"{'policy':15s} {'val Sharpe':>16s} {'test Sharpe':>16s}  {'test short/flat/long':>20s}"
-          f"  {'of ridge':>8s}  {'of ridge_cost':>13s}  seeds")  # fmt: skip
+          f"  {'of ridge':>8s}  {'of ridge_cost':>13s}  {'test by fold':>13s}  seeds")  # fmt: skip
 
     def fold_mean(folds, part, key):
         return statistics.mean(f[part][key] for f in folds)
@@ -294,8 +296,10 @@ def report(costs: str, env: EnvConfig, table: dict, secs: dict[str, float]) -> N
             usage = f"{u[0]:.0%}/{u[1]:.0%}/{u[2]:.0%}"
         vs = [statistics.mean(test) / r if r > 0 else float("nan") for r in refs]
         seeds = " ".join(f"{t:.1f}" for t in test) if len(test) > 1 else ""
+        by_fold = " / ".join(f"{statistics.mean(r[i]['test']['sharpe'] for r in runs):.1f}"
+                             for i in range(len(runs[0])))  # fmt: skip
         print(f"{name:15s} {ms(val):>16s} {ms(test):>16s}  {usage:>20s}  {vs[0]:8.2f}  "
-              f"{vs[1]:13.2f}  {seeds}")  # fmt: skip
+              f"{vs[1]:13.2f}  {by_fold:>13s}  {seeds}")  # fmt: skip
 
 
 if __name__ == "__main__":
