@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import model_config, standard_market
+from foxhunt.bench.workload import model_config, results_path, standard_market
 from foxhunt.train import demo
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.cohort import Cohort
@@ -136,7 +135,7 @@ def main() -> None:
     same = all(s == exact[0] for s in exact) and all(s[0] == one for s in exact)
     res["same_stats"] = same
     print(f"the unstacked forms' agents end their last epoch with the same statistics: {same}")
-    path = Path(os.environ.get("OUT", "/tmp")) / "bench_cohort.json"
+    path = results_path("bench_cohort.json")
     path.write_text(json.dumps(res, indent=2))
     print(f"results in {path}")
 

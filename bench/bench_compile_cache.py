@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from foxhunt.bench.workload import standard_market
+from foxhunt.bench.workload import results_path, standard_market
 
 CHILD = """
 import json, sys, time
@@ -88,7 +88,7 @@ def main() -> None:
     src = str(Path(__file__).resolve().parents[1] / "src")
     dev = "cpu" if args.cpu_smoke else "cuda"
     n = 20_000 if args.cpu_smoke else 2_000_000
-    out = Path(os.environ.get("OUT", "/tmp")) / "bench_compile_cache.json"
+    out = results_path("bench_compile_cache.json")
     res = {}
     work = tempfile.TemporaryDirectory()  # the market (~0.5 GB at 2M bars), removed at exit
     market = Path(work.name) / "market.npz"  # what a task maps from its fxcache, made once

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
 import statistics
 import sys
 import time
@@ -34,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_train import sync
-from foxhunt.bench.workload import standard_market
+from foxhunt.bench.workload import results_path, standard_market
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.models.ensemble import EnsembleAgent, EnsembleConfig
@@ -115,7 +114,7 @@ def main() -> None:
         print(f"{m} against {first}: {res[m]['speedup']:.2f}x faster; the same probabilities "
               f"within {res[m]['max_prob_diff']:.2g}")  # fmt: skip
     piece = f"_piece{args.piece}" if args.piece else ""
-    path = Path(os.environ.get("OUT", "/tmp")) / f"bench_ensemble{piece}.json"
+    path = results_path(f"bench_ensemble{piece}.json")
     path.write_text(json.dumps(res, indent=2))
     print(f"results in {path}")
 

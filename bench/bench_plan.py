@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import standard_fxcache
+from foxhunt.bench.workload import results_path, standard_fxcache
 
 CHILD = """
 import json, sys, time
@@ -73,7 +73,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
-    out = Path(os.environ.get("OUT", "/tmp")) / "bench_plan.json"
+    out = results_path("bench_plan.json")
     smoke = args.cpu_smoke
     n = 20_000 if smoke else 2_000_000
     res: dict = {"model": args.model, "epochs": args.epochs, "bars": n}

@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import importlib.machinery
 import json
-import os
 import statistics
 import sys
 import time
@@ -46,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_train import sync
-from foxhunt.bench.workload import standard_market
+from foxhunt.bench.workload import results_path, standard_market
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -233,7 +232,7 @@ def main() -> None:
     res: dict = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
                  "torch": torch.__version__, "batch": batch, "window": window}  # fmt: skip
     rows = []
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "bench_reference.json"
+    out_path = results_path("bench_reference.json")
 
     def add(name, fn):
         try:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import types
@@ -28,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.bench.workload import results_path
 from foxhunt.train.models.mamba2 import ssd_chunked, ssd_scan
 
 
@@ -102,7 +102,7 @@ def main() -> None:
     rows["ours (torch.compile)"] = torch.compile(ours)
     res = {"device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
            "shape": dict(batch=b, L=L, heads=h, headdim=p, state=n, chunk=chunk)}  # fmt: skip
-    out_path = Path(os.environ.get("OUT", "/tmp")) / "bench_ssd.json"
+    out_path = results_path("bench_ssd.json")
     ref = None
     for name, fn in rows.items():
         reps = 3 if name == "sequential scan" else 20

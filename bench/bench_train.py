@@ -41,7 +41,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import statistics
 import sys
 import time
@@ -51,7 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import standard_market
+from foxhunt.bench.workload import results_path, standard_market
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
@@ -226,7 +225,7 @@ def main() -> None:
                       f"max param diff {diff:.3g}", flush=True)  # fmt: skip
         res["eager_vs_captured"] = checks
 
-    out = Path(os.environ.get("OUT", "/tmp")) / "bench_train.json"
+    out = results_path("bench_train.json")
     out.write_text(json.dumps(res, indent=2))
     print(f"results in {out}")
 

@@ -182,7 +182,7 @@ def test_one_mlflow_run_per_workload(tmp_path, monkeypatch):
 def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
     """bench/bench_train.py (the H200 figures of docs/performance.md) on the CPU: a DQN, PPO,
     PQN and a supervised variant with its evaluation piece each give their row; a variant that
-    fails prints FAILED and leaves no row."""
+    fails prints FAILED and leaves no row. $OUT need not exist: the script makes it."""
     import os
     import subprocess
     import sys
@@ -192,10 +192,10 @@ def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
         [sys.executable, "bench/bench_train.py", "--cpu-smoke", "--epochs", "2",
          "--variants", ",".join(variants)],
         capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
-        env=os.environ | {"OUT": str(tmp_path)}, timeout=600,
+        env=os.environ | {"OUT": str(tmp_path / "results")}, timeout=600,
     )  # fmt: skip
     assert out.returncode == 0 and "FAILED" not in out.stdout, out.stdout + out.stderr[-2000:]
-    res = json.loads((tmp_path / "bench_train.json").read_text())
+    res = json.loads((tmp_path / "results" / "bench_train.json").read_text())
     for v in variants:
         assert res[v]["train_epoch"][0] > 0 and res[v]["params"] > 0, v
 

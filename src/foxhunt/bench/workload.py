@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import resource
 import sys
 import time
@@ -26,6 +27,14 @@ import numpy as np
 import torch
 
 from foxhunt.bench import stability
+
+
+def results_path(name: str) -> Path:
+    """Where a bench/ script writes its JSON `name`: in $OUT (the folder the device tool brings
+    back) or /tmp, the folder made if it is missing."""
+    out = Path(os.environ.get("OUT", "/tmp"))
+    out.mkdir(parents=True, exist_ok=True)
+    return out / name
 
 
 def standard_market(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
