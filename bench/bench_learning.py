@@ -18,8 +18,8 @@ from synth.json's seed and parameters) and holds sign(s[t]) (cost-aware variant 
 ratios are annualised, the mean over the folds; a model's is the mean over seeds with its
 standard error, and each fold's test figure (mean over seeds) is printed beside. "costs on"
 charges the env's defaults (0.1 bp fee + 0.25 bp half spread per unit traded by market orders),
-"costs off" nothing. With --jobs N the tasks run in N processes
-of one thread each (a seed's figures depend on the thread count: compare on one setting).
+"costs off" nothing. With --jobs N the tasks run in N processes of one thread each (a seed's
+figures depend on the thread count: compare on one setting).
 """
 
 from __future__ import annotations
