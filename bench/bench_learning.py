@@ -215,6 +215,8 @@ def main() -> None:
         env0, segments = EnvConfig(), None
         epochs_of = dict.fromkeys(models, 10)
     env0, model_sets = env_sets(env0, args.set)
+    if env0.memory_decay is not None:
+        data.use_memory(env0.memory_decay)  # the baselines on the agents' inputs too
     cfgs = model_configs(args.sizes, model_sets)
     if args.epochs:
         epochs_of = dict.fromkeys(models, args.epochs)

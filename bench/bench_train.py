@@ -5,9 +5,10 @@
     python bench/bench_train.py --variants ppo-graph-bf16-compile,pqn-graph-bf16-compile
 
 Workload (the anchor's definition): 2,000,000 bars of 42 + 8 i.i.d. N(0,1) features and
-prices from a geometric random walk; the state (53 here, 54 in the anchor) padded to 64; trunk
-512-256, heads 128, C51 on 51 atoms; foxhunt's dueling head covers the env's 30 joint actions
-(434,349 parameters), the anchor's three branches 3/5/3 (375,140); replay 1,000,000 on the GPU;
+prices from a geometric random walk; the state (61 here with the memory of the 8 order-flow
+columns, 53 without, 54 in the anchor) padded to 64; trunk 512-256, heads 128, C51 on 51
+atoms; foxhunt's dueling head covers the env's 30 joint actions (434,349 parameters), the
+anchor's three branches 3/5/3 (375,140); replay 1,000,000 on the GPU;
 batch 8192; n-step 3; PER; Adam; epsilon-greedy 0.05 as the anchor. One epoch = 100 collection
 steps at E = 16384, then 488 learning steps at B = 8192. Variants `-noisy` use noisy heads
 instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the network's FLOPs),
@@ -15,7 +16,9 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
 compiled variant's collection step left uncompiled), `-torchtarget` (C51's projection in torch
-rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`).
+rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`),
+`-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
+None: the state of the anchor's definition).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -39,6 +42,7 @@ learning, evaluation excluded).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import statistics
@@ -235,6 +239,8 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     capture, precision, *opts = variant.removeprefix(f"{model}-").split("-")
     if args.cpu_smoke and capture == "graph":
         return
+    if "nomemory" in opts:
+        env_cfg = dataclasses.replace(env_cfg, memory_decay=None)
     if model != "dqn":  # PPO, PQN and the supervised models at their own defaults
         cls, agent_cls = AGENTS[model].load()
         on_policy = dict(envs=256, rollout_steps=8, rounds=2)

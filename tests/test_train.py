@@ -20,7 +20,7 @@ from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, tr
 from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
-from trainruns import Killed, metrics_of
+from trainruns import Killed, load_normaliser, metrics_of
 
 TINY = DQNConfig(
     hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
@@ -326,8 +326,7 @@ def test_best_checkpoint_reproduces_the_val_and_test_metrics(
         TINY, cfg.env, data, seed=123
     )  # other init: the weights must come from disk
     agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
+    load_normaliser(data, tensors)
     agent.z.copy_(tensors["support.z"])
     fold = next(f for f in json.loads(demo_es[1].read_text())["folds"] if f["fold"] == 1)
     ev = Evaluator(cfg.env, data, cfg.eval_segments)
@@ -597,7 +596,7 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     data = MarketData.from_fxcache(cache, torch.device("cpu"))
     agent = RainbowAgent(TINY, cfg.env, data, seed=5)
     rng = np.random.default_rng(0)
-    t = torch.as_tensor(rng.integers(0, len(cache), 256))
+    t = torch.arange(256)  # consecutive bars from the first: the memory's seed in training
     port = torch.as_tensor(rng.normal(0, 0.5, (256, 3)), dtype=torch.float32)
     frame = pd.DataFrame(data.mkt[t].numpy(), columns=data.names)
     frame[list(PORTFOLIO)] = port.numpy()
@@ -605,8 +604,7 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     for f in res.folds:
         tensors = load_file(str(res.run_dir / f"fold-{f['fold']}" / "best.safetensors"))
         agent.net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-        data.mean.copy_(tensors["norm.mean"])
-        data.inv_std.copy_(tensors["norm.inv_std"])
+        load_normaliser(data, tensors)
         agent.z.copy_(tensors["support.z"])  # the fold's derived C51 support
         want = agent.act(agent.state(t, port), noise=False).numpy()
         got = mlflow.pyfunc.load_model(f["model_uri"]).predict(frame)

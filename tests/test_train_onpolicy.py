@@ -4,7 +4,6 @@ env; gradient accumulation; determinism, resume and learning through `foxhunt tr
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 
 import numpy as np
@@ -24,7 +23,7 @@ from foxhunt.train.agents.rollout import gae, lambda_returns
 from foxhunt.train.env import BRANCHES, DIRECTIONS, SIZES
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
-from trainruns import Killed, metrics_of
+from trainruns import Killed, metrics_of, served_and_trained_orders
 
 PPO_TINY = PPOConfig(
     hidden=(32, 32), envs=16, rollout_steps=16, rounds=2, minibatches=2, update_epochs=2
@@ -249,28 +248,18 @@ def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_p
 @pytest.mark.parametrize("model", ["ppo", "pqn"])
 def test_checkpoint_acts_as_in_training(demo_es, tmp_path, model):
     """The fold's best checkpoint, loaded by `Policy` outside the trainer, gives the greedy
-    actions the trainer's own policy gives with the same weights and normaliser."""
-    from safetensors.torch import load_file
-
-    from foxhunt.fxcache import FxCache
+    actions the trainer's own policy gives with the same weights and normaliser; the memory of
+    the order flow runs from the data's first bar in both."""
     from foxhunt.train.agents import agent_class
-    from foxhunt.train.data import MarketData
     from foxhunt.train.policy import Policy
 
     cfg = tiny(demo_es, tmp_path, model, fold_ids=(1,), epochs=2)
     res = run_train(cfg, NullLogger())
     ckpt = res.run_dir / "fold-1" / "best.safetensors"
     policy = Policy.load(ckpt)
-    assert policy.model == model
-    cache = FxCache.open(demo_es[0], json.loads(demo_es[1].read_text())["fxcache_key"])
-    data = MarketData.from_fxcache(cache, torch.device("cpu"))
-    agent = agent_class(model)(cfg.agent_config(), cfg.env, data, 0)
-    tensors = load_file(str(ckpt))
-    agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    t = torch.arange(1000, 1400)
-    port = torch.stack([torch.linspace(-1, 1, 400), torch.zeros(400), torch.zeros(400)], 1)
-    want = agent.greedy(t, port).numpy()
-    got = policy.act(data.mkt[t].numpy(), port.numpy())
+    assert policy.model == model and policy.memory_decay == cfg.env.memory_decay is not None
+    got, want = served_and_trained_orders(
+        demo_es, ckpt, lambda data: agent_class(model)(cfg.agent_config(), cfg.env, data, 0),
+        lo=1000, n=400,
+    )  # fmt: skip
     assert (got == want).all()

@@ -13,11 +13,22 @@ class Killed(Exception):
     pass
 
 
+def load_normaliser(data, tensors) -> None:
+    """A checkpoint's normaliser (and its memory's, where it has one) into `data`."""
+    data.mean.copy_(tensors["norm.mean"])
+    data.inv_std.copy_(tensors["norm.inv_std"])
+    if "norm.memory_mean" in tensors:
+        data.memory_mean.copy_(tensors["norm.memory_mean"])
+        data.memory_inv_std.copy_(tensors["norm.memory_inv_std"])
+
+
 def served_and_trained_orders(demo, ckpt, build, lo: int = 2000, n: int = 300):
     """(the served checkpoint's orders, the trainer's with the same weights) for bars
     [lo, lo + n) and positions from short to long: `Policy.load(ckpt).act` against
     `build(data).greedy` after the checkpoint's weights and normaliser are loaded. A supervised
-    model's first window - 1 rows lack a full window in the served frame."""
+    model's first window - 1 rows lack a full window in the served frame. An agent that
+    remembers the order flow is served the bars from the data's first (its memory's seed in
+    training), the orders of the last n compared."""
     import json
 
     import torch
@@ -32,11 +43,14 @@ def served_and_trained_orders(demo, ckpt, build, lo: int = 2000, n: int = 300):
     agent = build(data)
     tensors = load_file(str(ckpt))
     agent.load_weights({k: v for k, v in tensors.items() if not k.startswith("norm.")})
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    agent.prepare_eval(lo, lo + n)
+    load_normaliser(data, tensors)
+    if hasattr(agent, "prepare_eval"):  # the supervised models' (optional in the interface)
+        agent.prepare_eval(lo, lo + n)
     t = torch.arange(lo, lo + n)
     port = torch.stack([torch.linspace(-1, 1, n), torch.zeros(n), torch.zeros(n)], 1)
     want = agent.greedy(t, port).numpy()
-    got = Policy.load(ckpt).act(data.mkt[t].numpy(), port.numpy())
+    policy = Policy.load(ckpt)
+    first = 0 if policy.memory_decay is not None else lo
+    served = torch.cat([torch.zeros(lo - first, 3), port])
+    got = policy.act(data.mkt[first : lo + n].numpy(), served.numpy())[-n:]
     return got, want

@@ -17,6 +17,10 @@ at least 64 pieces, each starting flat, where the agent's evaluation may use few
                     threshold, otherwise keep the position; the threshold is the one of a
                     fixed grid (quantiles of |prediction| on the val range) with the best val
                     Sharpe, so the val figure is optimistic and the test figure honest
+    ridge_memory / ridge_memory_cost
+                    ridge and its cost-aware variant on what the agents see: the 50 columns
+                    and the memory of the order flow (`MarketData.use_memory`); only where the
+                    data holds the memory (an agent's task)
 
 Fits use bars [train_start, train_end - 1) only: the label of bar t is bar t+1's return, so the
 last train bar's label would read past the range. Nothing is fitted on val or test except the
@@ -39,7 +43,8 @@ MARKET = 0
 FLAT = DIRECTIONS.index(0.0)
 RIDGE_L2 = 1e-3  # ridge penalty, relative to the bar count (the columns are normalised)
 THRESHOLD_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95)
-NAMES = ("flat", "buy_and_hold", "random", "ridge", "ridge_cost", "logistic", "logistic_cost")
+NAMES = ("flat", "buy_and_hold", "random", "ridge", "ridge_cost", "logistic", "logistic_cost",
+         "ridge_memory", "ridge_memory_cost")  # fmt: skip
 
 
 def constant_policy(direction: int) -> Policy:
@@ -99,10 +104,16 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Ten
     return w.detach()
 
 
-def scores(data, w: torch.Tensor) -> torch.Tensor:
-    """Prediction for every bar from the normalised observation (the normaliser must be fitted
-    on the train range first), float32 [N]."""
-    x = data.observe(torch.arange(data.n, device=data.device)).double()
+def columns(data, t: torch.Tensor, memory: bool = False) -> torch.Tensor:
+    """The normalised columns a baseline reads at bars `t` (the normaliser must be fitted on
+    the train range first): the 50 market columns, with `memory` the agents' memory beside."""
+    x = data.observe(t)
+    return torch.cat([x, data.remember(t)], 1) if memory else x
+
+
+def scores(data, w: torch.Tensor, memory: bool = False) -> torch.Tensor:
+    """Prediction for every bar, float32 [N]."""
+    x = columns(data, torch.arange(data.n, device=data.device), memory).double()
     return (x @ w[:-1] + w[-1]).float()
 
 
@@ -118,9 +129,12 @@ def evaluate_baselines(
     lo, hi = ranges["train"]
     data.fit_normaliser(lo, hi)
     t = torch.arange(lo, hi - 1, device=data.device)
-    x, y = data.observe(t), data.ret1.index_select(0, t)
+    x, y = columns(data, t), data.ret1.index_select(0, t)
     ridge = scores(data, fit_ridge(x, y))
     logit = scores(data, fit_logistic(x, y))
+    signals = {"ridge": ridge, "logistic": logit}
+    if data.memory is not None:
+        signals["ridge_memory"] = scores(data, fit_ridge(columns(data, t, True), y), True)
     gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
 
     def run(policy: Policy, part: str) -> dict:
@@ -134,10 +148,10 @@ def evaluate_baselines(
         "flat": both(lambda: constant_policy(FLAT)),
         "buy_and_hold": both(lambda: constant_policy(DIRECTIONS.index(1.0))),
         "random": both(lambda: random_policy(gen)),
-        "ridge": both(lambda: signal_policy(ridge)),
-        "logistic": both(lambda: signal_policy(logit)),
+        **{name: both(lambda s=s: signal_policy(s)) for name, s in signals.items()},
     }
-    for name, s in (("ridge_cost", ridge), ("logistic_cost", logit)):
+    for base, s in signals.items():
+        name = f"{base}_cost"
         vlo, vhi = ranges["val"]
         mags = s[vlo:vhi].abs().double()
         best = None

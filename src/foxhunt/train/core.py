@@ -53,6 +53,7 @@ from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train import distributed
 from foxhunt.train.agents import AGENTS, SUPERVISED, Agent, agent_class
+from foxhunt.train.agents.common import normaliser
 from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.dqn_stacked import StackedRainbow, stackable
 from foxhunt.train.agents.ppo import PPOConfig
@@ -505,8 +506,7 @@ def save_checkpoint(
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
-    tensors["norm.mean"] = data.mean.cpu()
-    tensors["norm.inv_std"] = data.inv_std.cpu()
+    tensors |= {k: v.cpu() for k, v in normaliser(data).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})

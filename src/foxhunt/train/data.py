@@ -4,6 +4,9 @@
     close, high, low  float32 [N]  prices (ratio-adjusted; float32, never bfloat16)
     ret1    float32 [N]      close[t+1] / close[t] - 1, computed in float64 before the cast
 
+    memory  float32 [N, 8]   exponential moving average of each order-flow column over the bars
+                             up to t (`use_memory`, what the agents see beside the bar itself)
+
 Normalisation is per fold: mean and standard deviation of each column over the fold's train
 range, computed on the device (`fit_normaliser`) into persistent tensors, and applied when an
 observation is gathered. Nothing here imports polars, mlflow or kfp: the GPU image runs it as is.
@@ -18,6 +21,8 @@ import numpy as np
 import torch
 
 N_MKT = 50
+N_MEMORY = 8  # the order-flow columns, the last 8 of the 50: the memory averages them
+SCAN_BLOCK = 32  # rows per block of `ema`'s scan
 CLIP = 10.0  # normalised values beyond +-10 standard deviations are clipped
 
 
@@ -81,6 +86,8 @@ class MarketData:
         # Per-fold normaliser, updated in place (captured graphs keep their addresses).
         self.mean = torch.zeros(N_MKT, device=device)
         self.inv_std = torch.ones(N_MKT, device=device)
+        self.memory: torch.Tensor | None = None  # `use_memory`
+        self.memory_decay: float | None = None
 
     @classmethod
     def from_fxcache(cls, cache, device: torch.device, pin: bool | None = None) -> MarketData:
@@ -88,17 +95,74 @@ class MarketData:
         names = [*m.get("features", []), *m.get("ofi", [])]
         return cls(cache.features, cache.ofi, cache.targets, device, pin=pin, names=names)
 
+    def use_memory(self, decay: float) -> None:
+        """Compute the memory columns (`ema` of the 8 order-flow columns at `decay` a bar), once;
+        their normaliser is fitted with the others'. An agent's observation calls it when built
+        (before capture: the tensors are persistent). One decay per MarketData."""
+        if self.memory_decay == decay:
+            return
+        if self.memory_decay is not None:
+            raise ValueError(
+                f"memory_decay = {decay}: this data already holds the memory at "
+                f"{self.memory_decay}; agents over one MarketData share one observation"
+            )
+        self.memory = ema(self.mkt[:, -N_MEMORY:], decay)
+        self.memory_decay = decay
+        self.memory_mean = torch.zeros(N_MEMORY, device=self.device)
+        self.memory_inv_std = torch.ones(N_MEMORY, device=self.device)
+
     def fit_normaliser(self, lo: int, hi: int) -> None:
         """Mean and standard deviation of every column over bars [lo, hi) (the train range)."""
-        x = self.mkt[lo:hi]
-        std, mean = torch.std_mean(x, dim=0)
-        self.mean.copy_(mean)
-        self.inv_std.copy_(1.0 / std.clamp_min(1e-8))
+        _fit(self.mkt[lo:hi], self.mean, self.inv_std)
+        if self.memory is not None:
+            _fit(self.memory[lo:hi], self.memory_mean, self.memory_inv_std)
 
     def observe(self, t: torch.Tensor) -> torch.Tensor:
         """Normalised market features of bars `t`, [len(t), 50]."""
         x = (self.mkt.index_select(0, t) - self.mean) * self.inv_std
         return x.clamp(-CLIP, CLIP)
+
+    def remember(self, t: torch.Tensor) -> torch.Tensor:
+        """Normalised memory columns of bars `t`, [len(t), 8] (after `use_memory`)."""
+        x = (self.memory.index_select(0, t) - self.memory_mean) * self.memory_inv_std
+        return x.clamp(-CLIP, CLIP)
+
+
+def ema(x: torch.Tensor, decay: float) -> torch.Tensor:
+    """Exponential moving average of each column of `x` [N, C] down its rows, seeded with the
+    first row: m[t] = decay * m[t-1] + (1 - decay) * x[t], m[-1] = x[0]. Causal: m[t] reads
+    rows <= t only (future rows enter the blocks' products with weight exactly 0). In float64,
+    returned as float32."""
+    if not 0.0 <= decay < 1.0:
+        raise ValueError(f"memory decay = {decay}: must be in [0, 1)")
+    x64 = x.double()
+    first = x64[:1]
+    return ((1.0 - decay) * _scan(x64 - first, decay) + first).float()
+
+
+def _scan(d: torch.Tensor, a: float) -> torch.Tensor:
+    """y[t] = a * y[t-1] + d[t], y[-1] = 0, for d [N, C]: in blocks of SCAN_BLOCK rows, each
+    block's scan a product with the [B, B] matrix of a^(i-j) (j <= i), the carry from one block
+    to the next the same scan over the blocks' last rows at a^B (recursively)."""
+    n, c = d.shape
+    b = SCAN_BLOCK
+    m = -(-n // b)
+    blocks = torch.nn.functional.pad(d, (0, 0, 0, m * b - n)).view(m, b, c)
+    i = torch.arange(b, device=d.device)
+    lag = (i[:, None] - i[None, :]).double()
+    powers = torch.where(lag >= 0, a ** lag.clamp_min(0), 0.0)  # [B, B], lower triangular
+    local = torch.einsum("ij,mjc->mic", powers, blocks)  # each block's scan from a zero carry
+    if m > 1:
+        ends = _scan(local[:, -1], a**b)  # the true last value of each block
+        carry = torch.cat([ends.new_zeros(1, c), ends[:-1]])  # the true value before each block
+        local = local + (a ** (i + 1).double())[None, :, None] * carry[:, None, :]
+    return local.reshape(m * b, c)[:n]
+
+
+def _fit(x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> None:
+    std, mu = torch.std_mean(x, dim=0)
+    mean.copy_(mu)
+    inv_std.copy_(1.0 / std.clamp_min(1e-8))
 
 
 def _check_values(dev: dict[str, torch.Tensor], names: list[str], n_features: int) -> None:

@@ -1,7 +1,8 @@
 """A vectorised trading environment in torch: E parallel envs stepping through bars of one range.
 
 Every env holds a position in one instrument. At bar t the agent sees the normalised market
-features of bar t and its portfolio state, and picks three branched actions:
+features of bar t, an average of the recent order flow (`EnvConfig.memory_decay`) and its
+portfolio state, and picks three branched actions:
 
     direction  {short, flat, long}            -> sign of the target position
     size       {0.2, 0.4, 0.6, 0.8, 1.0}      -> fraction of the allowed notional
@@ -72,10 +73,18 @@ class EnvConfig:
     """branches: every order as chosen (direction, size, order type); full_market: every order
     at full size as a market order, the size and order-type choices ignored (a simpler market,
     where only the direction matters)."""
+    memory_decay: float | None = 0.5
+    """What the agents remember of recent order flow: beside bar t's 50 columns they see each
+    order-flow column's exponential moving average over the bars up to t, decaying by this
+    factor a bar (`foxhunt.train.data.ema`; 0.5: half the weight on bar t itself). The order
+    flow shows a persistent pressure only in part each bar, so its recent average estimates
+    the pressure better than one bar does. None: the bar's columns alone."""
 
     def __post_init__(self) -> None:
         if self.orders not in ("branches", "full_market"):
             raise ValueError(f"orders = {self.orders!r}: choose branches or full_market")
+        if self.memory_decay is not None and not 0.0 <= self.memory_decay < 1.0:
+            raise ValueError(f"memory_decay = {self.memory_decay}: must be in [0, 1), or None")
         if self.episode_bars < 2:
             raise ValueError(f"episode_bars = {self.episode_bars}: must be at least 2")
         for k in ("fee_bps", "half_spread_bps", "limit_offset_bps"):

@@ -10,7 +10,11 @@ does. `foxhunt.train.mlflow_model` wraps it as an MLflow model.
     policy = Policy.load("data/runs/<run>/<task>/fold-0/best.safetensors")
     actions = policy.act(market, portfolio)      # [n, 50], [n, 3] -> [n, 3] branch indices
 
-An agent's rows are independent states. A supervised model (tlob, cfc, mamba2, tft) reads
+An agent's rows are independent states, unless it remembers the recent order flow (the env's
+`memory_decay`, on by default): then its rows are consecutive bars in time order, and the
+memory of row i averages the order flow of the rows up to i, seeded with the first row as
+training seeds it with the first bar of the data (after about 20 rows at the default decay
+the seed no longer shows: 0.5^20 ~ 1e-6). A supervised model (tlob, cfc, mamba2, tft) reads
 windows: its rows are consecutive bars in time order, and the action of row i comes from the
 window of the `window` rows ending at i (rows before the first repeat it, as training does at
 the start of the data); its orders follow the trainer's rule (up long, down short, flat holds
@@ -27,8 +31,8 @@ import numpy as np
 import torch
 
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
-from foxhunt.train.agents.common import IN_DIM, STATE_DIM
-from foxhunt.train.data import CLIP, N_MKT
+from foxhunt.train.agents.common import state
+from foxhunt.train.data import CLIP, N_MEMORY, N_MKT, ema
 from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
 
 
@@ -37,6 +41,11 @@ class Policy:
         self.model, self.cfg, self.columns = model, cfg, columns
         self._act = policy_module(model).acting_net(cfg, tensors)
         self.mean, self.inv_std = tensors["norm.mean"], tensors["norm.inv_std"]
+        self.memory_decay = None  # checkpoints of agents without the memory hold none of it
+        if "norm.memory_decay" in tensors:
+            self.memory_decay = float(tensors["norm.memory_decay"])
+            self.memory_mean = tensors["norm.memory_mean"]
+            self.memory_inv_std = tensors["norm.memory_inv_std"]
 
     @classmethod
     def load(cls, checkpoint: Path | str) -> Policy:
@@ -69,8 +78,11 @@ class Policy:
         obs = ((x - self.mean) * self.inv_std).clamp(-CLIP, CLIP)
         if self.model in SUPERVISED:
             return self._act_supervised(obs, p).numpy()
-        state = torch.cat([obs, p, x.new_zeros(len(x), IN_DIM - STATE_DIM)], 1)
-        return self._act(state).numpy()
+        memory = None
+        if self.memory_decay is not None:
+            m = ema(x[:, -N_MEMORY:], self.memory_decay)
+            memory = ((m - self.memory_mean) * self.memory_inv_std).clamp(-CLIP, CLIP)
+        return self._act(state(obs, memory, p)).numpy()
 
     def _act_supervised(self, obs: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         from foxhunt.train.agents.supervised import order_from_forecast

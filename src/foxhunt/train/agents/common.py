@@ -16,29 +16,41 @@ from typing import Literal
 import torch
 
 from foxhunt.train import distributed
-from foxhunt.train.data import N_MKT, MarketData
+from foxhunt.train.data import N_MEMORY, N_MKT, MarketData
 from foxhunt.train.env import PORTFOLIO
 
-STATE_DIM = N_MKT + len(PORTFOLIO)
-IN_DIM = 64  # the state (53) zero-padded to a tensor-core friendly width
+STATE_DIM = N_MKT + N_MEMORY + len(PORTFOLIO)
+IN_DIM = 64  # the state (61) zero-padded to a tensor-core friendly width
 
 Precision = Literal["auto", "fp32", "bf16"]
 Capture = Literal["auto", "eager", "graph"]
 
 
 class Observation:
-    """What an agent sees at bar t: the 50 market columns normalised on the fold's train range
-    (`MarketData.observe`), the portfolio state (position, unrealised PnL in %, bars held /
-    100), zeros up to IN_DIM. (The zeros are made per call, not kept per batch size: a cache
-    filled inside a compiled step would make torch.compile trace that step again, and a
-    second trace inside a CUDA graph capture fails.)"""
+    """What an agent sees at bar t (`state`): the 50 market columns normalised on the fold's
+    train range (`MarketData.observe`), the memory of the 8 order-flow columns
+    (`MarketData.remember`, unless `memory_decay` is None), the portfolio state (position,
+    unrealised PnL in %, bars held / 100)."""
 
-    def __init__(self, data: MarketData):
+    def __init__(self, data: MarketData, memory_decay: float | None):
         self.data = data
+        self.memory = memory_decay is not None
+        if self.memory:
+            data.use_memory(memory_decay)
 
     def __call__(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        pad = portfolio.new_zeros(len(t), IN_DIM - STATE_DIM)
-        return torch.cat([self.data.observe(t), portfolio, pad], 1)
+        memory = self.data.remember(t) if self.memory else None
+        return state(self.data.observe(t), memory, portfolio)
+
+
+def state(market: torch.Tensor, memory: torch.Tensor | None, portfolio: torch.Tensor):
+    """The network's input [n, IN_DIM]: normalised market columns [n, 50], memory [n, 8] or
+    None, portfolio [n, 3], zeros up to IN_DIM. (The zeros are made per call, not kept per
+    batch size: a cache filled inside a compiled step would make torch.compile trace that step
+    again, and a second trace inside a CUDA graph capture fails.)"""
+    parts = [market] if memory is None else [market, memory]
+    width = sum(p.shape[1] for p in parts) + portfolio.shape[1]
+    return torch.cat([*parts, portfolio, portfolio.new_zeros(len(market), IN_DIM - width)], 1)
 
 
 def mark_step(marks: list | None, device: torch.device) -> None:
@@ -232,7 +244,16 @@ def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketD
     st = {f"opt.{k}": v for k, v in opt.state.get(flat, {}).items() if torch.is_tensor(v)}
     for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
         st[f"env.{k}"] = getattr(env, k)
-    st["norm.mean"], st["norm.inv_std"] = data.mean, data.inv_std
+    return st | normaliser(data)
+
+
+def normaliser(data: MarketData) -> dict[str, torch.Tensor]:
+    """The fold's normaliser as checkpoints and resume files name it (live tensors); with the
+    memory, its statistics and decay too (what `foxhunt.train.policy` needs to act)."""
+    st = {"norm.mean": data.mean, "norm.inv_std": data.inv_std}
+    if data.memory is not None:
+        st["norm.memory_mean"], st["norm.memory_inv_std"] = data.memory_mean, data.memory_inv_std
+        st["norm.memory_decay"] = torch.tensor(data.memory_decay, dtype=torch.float64)
     return st
 
 

@@ -586,7 +586,7 @@ class RainbowAgent(AgentState):
         self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
         self.eps = torch.full((), cfg.epsilon, device=dev)  # set per epoch (begin_epoch)
-        self.state = Observation(data)  # state(t, portfolio) -> [B, IN_DIM]
+        self.state = Observation(data, env_cfg.memory_decay)  # state(t, portfolio) -> [B, IN_DIM]
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
         # Branch indices -> joint index: direction * 10 + size * 2 + order type.
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)

@@ -147,7 +147,7 @@ class OnPolicyAgent(AgentState):
             [self.flat], lr=self.lr, eps=adam_eps, capturable=dev.type == "cuda", foreach=False
         )
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
-        self.state = Observation(data)
+        self.state = Observation(data, env_cfg.memory_decay)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)
         self.n = cfg.rollout_steps * cfg.envs
         self.stats = torch.zeros(n_stats, device=dev)
