@@ -87,3 +87,23 @@ def test_baselines_on_a_fold_flat_zero_buy_and_hold_the_market():
     for name in ("ridge", "ridge_cost", "logistic", "logistic_cost", "random"):
         assert math.isfinite(out[name]["test"]["sharpe"]), name
     assert out["ridge_cost"]["threshold"] >= 0.0
+
+
+def test_ridge_memory_reads_the_agents_columns_and_only_where_the_data_holds_them():
+    data = random_market(900)
+    ev = Evaluator(EnvConfig(), data, 1)
+    ranges = {"train": (0, 500), "val": (520, 700), "test": (720, 900)}
+    assert "ridge_memory" not in evaluate_baselines(ev, data, ranges, 98_000.0, seed=0)
+    data.use_memory(0.5)
+    out = evaluate_baselines(ev, data, ranges, 98_000.0, seed=0)
+    assert {"ridge_memory", "ridge_memory_cost"} <= out.keys()
+    # its positions are the signs of numpy's ridge on the 58 normalised columns
+    t = torch.arange(data.n)
+    x = torch.cat([data.observe(t), data.remember(t)], 1).double().numpy()
+    lam, d = RIDGE_L2 * 499, x.shape[1]
+    xb = np.c_[x, np.ones(len(x))]
+    aug = np.r_[xb[:499], np.c_[np.sqrt(lam) * np.eye(d), np.zeros(d)]]
+    w = np.linalg.lstsq(aug, np.r_[data.ret1[:499].double().numpy(), np.zeros(d)], rcond=None)[0]
+    want = trading_metrics(*ev.run(signal_policy(torch.tensor(xb @ w, dtype=torch.float32)),
+                                   *ranges["test"]), 98_000.0, ev.last_positions)  # fmt: skip
+    assert out["ridge_memory"]["test"]["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)

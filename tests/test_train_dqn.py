@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from foxhunt.train.agents.common import Observation
 from foxhunt.train.agents.dqn import (
     IN_DIM,
     N_ACTIONS,
@@ -23,6 +24,7 @@ from foxhunt.train.agents.dqn import (
     project_c51,
     quantile_huber,
 )
+from foxhunt.train.data import MarketData
 from foxhunt.train.env import JOINT, EnvConfig
 from marketdata import random_market
 
@@ -531,12 +533,53 @@ def test_flat_update_equals_clip_and_adam_per_parameter_and_polyak_target():
 
 def test_normaliser_sees_only_the_train_range():
     data = random_data()
+    data.use_memory(0.5)
     data.fit_normaliser(100, 300)
     mean, inv = data.mean.clone(), data.inv_std.clone()
-    data.mkt[:100] += 1e3  # outside the train range
-    data.mkt[300:] *= -7.0
+    mem_mean, mem_inv = data.memory_mean.clone(), data.memory_inv_std.clone()
+    for x in (data.mkt, data.memory):
+        x[:100] += 1e3  # outside the train range
+        x[300:] *= -7.0
     data.fit_normaliser(100, 300)
     assert torch.equal(mean, data.mean) and torch.equal(inv, data.inv_std)
-    x = data.mkt[100:300].double()
-    torch.testing.assert_close(data.mean.double(), x.mean(0), rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(1 / data.inv_std.double(), x.std(0), rtol=1e-5, atol=1e-6)
+    assert torch.equal(mem_mean, data.memory_mean) and torch.equal(mem_inv, data.memory_inv_std)
+    for x, mu, inv_std in ((data.mkt, data.mean, data.inv_std),
+                           (data.memory, data.memory_mean, data.memory_inv_std)):  # fmt: skip
+        x = x[100:300].double()
+        torch.testing.assert_close(mu.double(), x.mean(0), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(1 / inv_std.double(), x.std(0), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.9])
+def test_memory_is_the_order_flows_moving_average_up_to_each_bar(decay):
+    """Against a loop over the bars; a shorter history gives its bars' memory bit for bit (no
+    look-ahead). 1,100 bars: more than SCAN_BLOCK^2, so the scan's carry recurses twice."""
+    data = random_market(1100, seed=3)
+    data.use_memory(decay)
+    flow = data.mkt[:, -8:].double()
+    acc, ref = flow[0], []
+    for row in flow:
+        acc = decay * acc + (1 - decay) * row
+        ref.append(acc)
+    torch.testing.assert_close(data.memory, torch.stack(ref).float(), rtol=1e-6, atol=1e-6)
+    mkt, close = data.mkt[:700].numpy(), data.close[:700].numpy()
+    short = MarketData(mkt[:, :42], mkt[:, 42:], np.stack([close] * 4, 1), torch.device("cpu"))
+    short.use_memory(decay)
+    assert torch.equal(short.memory, data.memory[:700])
+    with pytest.raises(ValueError, match="already holds the memory at"):
+        data.use_memory(0.25)
+
+
+def test_the_state_is_market_memory_portfolio_then_zeros():
+    data = random_data()
+    data.fit_normaliser(0, 300)
+    t, port = torch.arange(5, 25), torch.randn(20, 3)
+    plain = Observation(data, None)(t, port)
+    assert torch.equal(plain[:, :50], data.observe(t)) and torch.equal(plain[:, 50:53], port)
+    assert plain.shape == (20, IN_DIM) and not plain[:, 53:].any()
+    observe = Observation(data, 0.5)  # computes the memory; the normaliser fits it from now on
+    data.fit_normaliser(0, 300)
+    with_memory = observe(t, port)
+    assert torch.equal(with_memory[:, :50], data.observe(t))
+    assert torch.equal(with_memory[:, 50:58], data.remember(t))
+    assert torch.equal(with_memory[:, 58:61], port) and not with_memory[:, 61:].any()

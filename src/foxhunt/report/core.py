@@ -398,6 +398,13 @@ def _comparison_md(rep: dict) -> list[str]:
             se = f" ± {r['se']:.2f}" if r["se"] is not None else ""
             vs = " | ".join(_ratio(r.get(k)) for k in ("vs_ridge", "vs_ridge_cost"))
             lines.append(f"| {r['policy']} | {r['test_sharpe']:.2f}{se} | {vs} |")
+        if any(r["policy"] == "ridge_memory" for r in g["rows"]):
+            lines += [
+                "",
+                "ridge and ridge_cost read the bar's 50 columns; ridge_memory and "
+                "ridge_memory_cost read what the agent sees, the 50 columns and its memory of "
+                "the order flow (the env's `memory_decay`).",
+            ]
     return lines
 
 
