@@ -163,7 +163,7 @@ def evaluate_baselines(
         thr, val = best
         test = run(signal_policy(s, thr), "test")
         out[name] = {"val": val, "test": test, "threshold": thr}
-    return out
+    return {k: out[k] for k in NAMES if k in out}
 
 
 def compare(model_sharpe: float, baseline_sharpe: float) -> str:
