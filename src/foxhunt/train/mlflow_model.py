@@ -3,6 +3,10 @@
     model = mlflow.pyfunc.load_model("models:/foxhunt-ES-dqn/1")
     model.predict(frame)    # columns: the 50 market columns and the 3 portfolio ones, by name
 
+An agent that remembers the order flow (the env's `memory_decay`, on by default) computes its
+memory from the frame's rows: give them as consecutive bars in time order, with some history
+before the bars that matter (foxhunt.train.policy).
+
 The model carries the checkpoint files and foxhunt's own code (`code_paths`), so it loads in
 any environment with torch, safetensors, numpy and pandas. Imported only where MLflow is.
 """
