@@ -6,7 +6,8 @@
                                    [--epoch-log]
 
 (after `make run`; on 2 cores with --jobs 2, about 12 minutes for the three models, three seeds
-and both cost settings.)
+and both cost settings. `--models none` evaluates the baselines alone, in seconds: with `--set
+env.memory_decay=0.7`, say, the ridge on the agents' memory at another decay.)
 
 Trains each model with the demo settings (foxhunt.train.demo; `--sizes default` takes each
 config's defaults, i.e. the GPU sizes on a GPU) on the ES demo cache and its folds, once per
@@ -171,7 +172,9 @@ def model_configs(sizes: str, sets: list[str]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--data", type=Path, default=Path("data"))
-    ap.add_argument("--models", default="dqn,ppo,pqn")
+    ap.add_argument(
+        "--models", default="dqn,ppo,pqn", help="comma-separated; none: the baselines alone"
+    )
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--costs", default="on,off", help="on, off or both (on,off)")
     ap.add_argument("--device", default="cpu")
@@ -195,7 +198,7 @@ def main() -> None:
     )
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
-    models = args.models.split(",")
+    models = [] if args.models == "none" else args.models.split(",")
     # `make folds` writes folds/ES.json, the pipeline folds/ES-<key>.json: take the newest.
     candidates = sorted((args.data / "folds").glob("ES*.json"), key=lambda p: p.stat().st_mtime)
     if not candidates:
@@ -273,7 +276,7 @@ def report(costs: str, env: EnvConfig, table: dict, secs: dict[str, float]) -> N
         else f"costs on: {env.fee_bps} bp fee + {env.half_spread_bps} bp half spread per unit"
     )
     per = ", ".join(f"{m} {s:.0f} s" for m, s in secs.items())
-    print(f"\n{charged}; training time per seed: {per}")
+    print(f"\n{charged}" + (f"; training time per seed: {per}" if per else ""))
     # The issue's bars (ridge and ridge_cost on the 50 columns) and, where the agents remember
     # the order flow, the same regressions on what the agents see.
     bars = [k for k in ("ridge", "ridge_cost", "ridge_memory", "ridge_memory_cost") if k in table]
