@@ -213,3 +213,33 @@ def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     rows = [ln.split() for ln in out.stdout.splitlines() if ln.startswith(("dqn ", "signal "))]
     assert len(rows) == 6 and all(r[-1] == "True" and int(r[3]) >= 1 for r in rows), out.stdout
+
+
+def test_bench_learning_baselines_alone_with_and_without_the_memory(demo_es, tmp_path):
+    """bench/bench_learning.py --models none on the demo folds: the baselines' table with the
+    memory ridges beside the others (the agents' default), and without them when the memory is
+    off; the ridge on the 50 columns gives the same figure either way."""
+    import os
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    (data / "folds").mkdir(parents=True)
+    (data / "folds" / "ES.json").write_text(demo_es[1].read_text())
+    (data / "fxcache").symlink_to(demo_es[0])
+
+    def table(*sets: str) -> dict[str, list[str]]:
+        out = subprocess.run(
+            [sys.executable, "bench/bench_learning.py", "--data", str(data), "--models", "none",
+             "--costs", "on", *(["--set", *sets] if sets else [])],
+            capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+            env=os.environ | {"PYTHONPATH": "src"}, timeout=600,
+        )  # fmt: skip
+        assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+        return {ln.split()[0]: ln.split()[1:] for ln in out.stdout.splitlines()
+                if ln.split() and ln.split()[0].startswith(("ridge", "flat"))}  # fmt: skip
+
+    on, off = table(), table("env.memory_decay=null")
+    assert {"ridge", "ridge_cost", "ridge_memory", "ridge_memory_cost"} <= on.keys()
+    assert "ridge_memory" not in off and on["ridge"][:2] == off["ridge"][:2]
+    assert float(on["flat"][1]) == 0.0
