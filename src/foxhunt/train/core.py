@@ -507,6 +507,8 @@ def save_checkpoint(
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
     tensors |= {k: v.cpu() for k, v in normaliser(data).items()}
+    if data.memory_decay is not None:  # what `foxhunt.train.policy` computes the memory with
+        tensors["norm.memory_decay"] = torch.tensor(data.memory_decay, dtype=torch.float64)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     save_file(tensors, str(tmp), metadata={"foxhunt_version": __version__})

@@ -119,13 +119,17 @@ class MarketData:
 
     def observe(self, t: torch.Tensor) -> torch.Tensor:
         """Normalised market features of bars `t`, [len(t), 50]."""
-        x = (self.mkt.index_select(0, t) - self.mean) * self.inv_std
-        return x.clamp(-CLIP, CLIP)
+        return normalise(self.mkt.index_select(0, t), self.mean, self.inv_std)
 
     def remember(self, t: torch.Tensor) -> torch.Tensor:
         """Normalised memory columns of bars `t`, [len(t), 8] (after `use_memory`)."""
-        x = (self.memory.index_select(0, t) - self.memory_mean) * self.memory_inv_std
-        return x.clamp(-CLIP, CLIP)
+        return normalise(self.memory.index_select(0, t), self.memory_mean, self.memory_inv_std)
+
+
+def normalise(x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> torch.Tensor:
+    """Columns standardised with a fold's statistics, clipped at +-CLIP standard deviations (the
+    trainer's observation and a served policy's alike)."""
+    return ((x - mean) * inv_std).clamp(-CLIP, CLIP)
 
 
 def ema(x: torch.Tensor, decay: float) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
 from foxhunt.train.agents.common import state
-from foxhunt.train.data import CLIP, N_MEMORY, N_MKT, ema
+from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise
 from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
 
 
@@ -75,13 +75,13 @@ class Policy:
                 f"market must be [n, {N_MKT}] and portfolio [n, {len(PORTFOLIO)}]; got "
                 f"{tuple(x.shape)} and {tuple(p.shape)}"
             )
-        obs = ((x - self.mean) * self.inv_std).clamp(-CLIP, CLIP)
+        obs = normalise(x, self.mean, self.inv_std)
         if self.model in SUPERVISED:
             return self._act_supervised(obs, p).numpy()
         memory = None
         if self.memory_decay is not None:
             m = ema(x[:, -N_MEMORY:], self.memory_decay)
-            memory = ((m - self.memory_mean) * self.memory_inv_std).clamp(-CLIP, CLIP)
+            memory = normalise(m, self.memory_mean, self.memory_inv_std)
         return self._act(state(obs, memory, p)).numpy()
 
     def _act_supervised(self, obs: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:

@@ -248,12 +248,12 @@ def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketD
 
 
 def normaliser(data: MarketData) -> dict[str, torch.Tensor]:
-    """The fold's normaliser as checkpoints and resume files name it (live tensors); with the
-    memory, its statistics and decay too (what `foxhunt.train.policy` needs to act)."""
+    """The fold's normaliser as checkpoints and resume files name it (live tensors), the
+    memory's statistics with it where the data holds the memory. (Its decay, a setting that
+    training does not change, goes into checkpoints alone: `core.save_checkpoint`.)"""
     st = {"norm.mean": data.mean, "norm.inv_std": data.inv_std}
     if data.memory is not None:
         st["norm.memory_mean"], st["norm.memory_inv_std"] = data.memory_mean, data.memory_inv_std
-        st["norm.memory_decay"] = torch.tensor(data.memory_decay, dtype=torch.float64)
     return st
 
 
