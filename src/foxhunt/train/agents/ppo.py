@@ -92,6 +92,10 @@ class PPOConfig:
     """Adam learning rate at the start of a fold."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over the fold's rounds."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
+    weight by lr * weight_decay before Adam's update, so it anneals with the learning rate.
+    0: plain Adam, bit for bit."""
     adam_eps: float = 1e-5
     """Adam epsilon (cleanrl's)."""
     max_grad_norm: float = 0.5
@@ -125,6 +129,8 @@ class PPOConfig:
             need(getattr(self, k) >= 0, k, "must not be negative")
         for k in ("lr", "adam_eps", "max_grad_norm", "reward_scale"):
             need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        wd = self.weight_decay
+        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
         if self.envs is not None and self.rollout_steps is not None:
             n = self.envs * self.rollout_steps
             if n % (self.minibatches * self.accumulate):

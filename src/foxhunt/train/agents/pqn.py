@@ -75,6 +75,10 @@ class PQNConfig:
     """Adam learning rate at the start of a fold."""
     anneal_lr: bool = True
     """Anneal the learning rate linearly to 0 over the fold's rounds."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
+    weight by lr * weight_decay before Adam's update, so it anneals with the learning rate.
+    0: plain Adam, bit for bit."""
     max_grad_norm: float = 10.0
     """Global gradient-norm clip."""
     reward_scale: float = 1e4
@@ -104,6 +108,8 @@ class PQNConfig:
         need(0.0 < self.eps_decay <= 1.0, "eps_decay", "must be in (0, 1]")
         for k in ("lr", "max_grad_norm", "reward_scale"):
             need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        wd = self.weight_decay
+        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
         if self.envs is not None and self.rollout_steps is not None:
             if (self.envs * self.rollout_steps) % self.minibatches:
                 raise ValueError(

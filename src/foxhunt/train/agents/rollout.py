@@ -121,7 +121,7 @@ def lambda_returns(
 
 class OnPolicyAgent(AgentState):
     """The trainer's state for one task of an on-policy agent: its network (`make_net(cfg)`),
-    Adam over one flat buffer, the env, the rollout buffers, the rounds' learning-rate schedule
+    Adam (with decoupled weight decay) over one flat buffer, the env, the rollout buffers, the rounds' learning-rate schedule
     and the CUDA graphs of the rollout and the update. A subclass (PPO, PQN) adds `u_act` (the
     uniform draws its actions take, refreshed each rollout) and defines `_rollout` (fill
     `roll`), `_update` (learn from it), `read_stats` and `greedy`."""
@@ -144,8 +144,9 @@ class OnPolicyAgent(AgentState):
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         self.lr = torch.full((), cfg.lr, device=dev)  # set per round, read by captured steps
         self.opt = torch.optim.Adam(
-            [self.flat], lr=self.lr, eps=adam_eps, capturable=dev.type == "cuda", foreach=False
-        )
+            [self.flat], lr=self.lr, eps=adam_eps, weight_decay=cfg.weight_decay,
+            decoupled_weight_decay=True, capturable=dev.type == "cuda", foreach=False,
+        )  # fmt: skip
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.state = Observation(data, env_cfg.memory_decay)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)
