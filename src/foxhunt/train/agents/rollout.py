@@ -121,10 +121,11 @@ def lambda_returns(
 
 class OnPolicyAgent(AgentState):
     """The trainer's state for one task of an on-policy agent: its network (`make_net(cfg)`),
-    Adam (with decoupled weight decay) over one flat buffer, the env, the rollout buffers, the rounds' learning-rate schedule
-    and the CUDA graphs of the rollout and the update. A subclass (PPO, PQN) adds `u_act` (the
-    uniform draws its actions take, refreshed each rollout) and defines `_rollout` (fill
-    `roll`), `_update` (learn from it), `read_stats` and `greedy`."""
+    Adam (with decoupled weight decay) over one flat buffer, the env, the rollout buffers, the
+    rounds' learning-rate schedule and the CUDA graphs of the rollout and the update. A
+    subclass (PPO, PQN) adds `u_act` (the uniform draws its actions take, refreshed each
+    rollout) and defines `_rollout` (fill `roll`), `_update` (learn from it), `read_stats` and
+    `greedy`."""
 
     u_act: torch.Tensor
 
