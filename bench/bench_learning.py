@@ -246,7 +246,7 @@ def main() -> None:
         import multiprocessing as mp
 
         with mp.get_context("spawn").Pool(args.jobs) as pool:
-            done = list(pool.imap_unordered(train_one, jobs))
+            done = list(pool.imap(train_one, jobs))  # in the jobs' order: seeds in order
     else:
         done = [train_one(j) for j in jobs]
     for costs in args.costs.split(","):
