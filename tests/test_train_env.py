@@ -158,3 +158,25 @@ def test_full_market_orders_ignore_size_and_order_type():
     assert set(envs["full_market"].pos.abs().unique().tolist()) <= {0.0, 1.0}
     with pytest.raises(ValueError, match="orders = 'limit'"):
         EnvConfig(orders="limit")
+
+
+def test_bars_in_position_count_up_to_the_training_episode_length():
+    """A walk longer than a training episode (the evaluator's pieces, a served policy) shows
+    the network no more bars in position than an episode can hold: the feature stops at
+    episode_bars / 100, while the position itself is held on."""
+    n = 40
+    close = 100.0 + 0.01 * np.arange(n)
+    f32 = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    cfg = EnvConfig(episode_bars=8, fee_bps=0.0, half_spread_bps=0.0)
+    env = TradingEnv(cfg, 1, f32(close), f32(close), f32(close), torch.zeros(n))
+    env.set_range(0, n)
+    env.start_at(torch.tensor([0]))
+    env.episode_bars.fill_(n)  # as the evaluator sets it: pieces never end by the clock
+    held, raw = [], []
+    long_full, market = torch.tensor([2]), torch.tensor([0])
+    for _ in range(20):
+        held.append(float(env.portfolio()[0, 2]))
+        raw.append(float(env.hold[0]))
+        env.step(long_full, torch.tensor([4]), market, torch.zeros(1))
+    assert raw == list(range(20))
+    assert held == pytest.approx([min(k, 8) / 100 for k in range(20)])

@@ -294,3 +294,11 @@ def test_checkpoint_acts_as_in_training(demo_es, tmp_path, model):
         lo=1000, n=400,
     )  # fmt: skip
     assert (got == want).all()
+    # Bars in position beyond a training episode count as one episode's, as the env counts them.
+    assert policy.hold_cap == cfg.env.episode_bars / 100
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 50)).astype(np.float32)
+    p = np.stack([rng.choice([-1.0, 1.0], 64), rng.normal(size=64), np.full(64, 40.0)], 1)
+    capped = p.copy()
+    capped[:, 2] = policy.hold_cap
+    assert (policy.act(x, p) == policy.act(x, capped)).all()

@@ -201,9 +201,14 @@ class TradingEnv:
     def portfolio_of(
         self, t: torch.Tensor, pos: torch.Tensor, entry: torch.Tensor, hold: torch.Tensor
     ) -> torch.Tensor:
-        """[..., 3] portfolio features (PORTFOLIO) of positions held at bars `t`."""
+        """[..., 3] portfolio features (PORTFOLIO) of positions held at bars `t`. Bars in
+        position count up to the config's `episode_bars`: no training episode holds longer, so
+        a longer walk (evaluation, serving) shows the network no value it never learned from
+        (a position held through a month's ~8,000 test bars read 80, where training never saw more
+        than 5.12 at the demo's 512-bar episodes)."""
         upnl = pos * (self._at(self.close, t) / entry - 1.0)
-        return torch.stack([pos, upnl * 100.0, hold / 100.0], -1)
+        held = hold.clamp(max=float(self.cfg.episode_bars)) / 100.0
+        return torch.stack([pos, upnl * 100.0, held], -1)
 
     def step(
         self,

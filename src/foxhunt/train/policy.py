@@ -37,8 +37,13 @@ from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
 
 
 class Policy:
-    def __init__(self, tensors: dict[str, torch.Tensor], model: str, cfg, columns: list[str]):
+    def __init__(
+        self, tensors: dict[str, torch.Tensor], model: str, cfg, columns: list[str],
+        episode_bars: int | None = None,
+    ):  # fmt: skip
         self.model, self.cfg, self.columns = model, cfg, columns
+        # Bars in position count up to the training episode's length, as the env counts them.
+        self.hold_cap = None if episode_bars is None else episode_bars / 100.0
         self._act = policy_module(model).acting_net(cfg, tensors)
         self.mean, self.inv_std = tensors["norm.mean"], tensors["norm.inv_std"]
         self.memory_decay = None  # checkpoints of agents without the memory hold none of it
@@ -62,12 +67,14 @@ class Policy:
                if k in fields}  # fmt: skip
         # Sizes and devices of the trainer do not matter for acting: CPU, eager, float32.
         cfg = config_cls(**raw | {"capture": "eager", "precision": "fp32", "compile": False})
-        return cls(load_file(str(checkpoint)), model, cfg, doc.get("columns", []))
+        episode_bars = doc.get("config", {}).get("env", {}).get("episode_bars")
+        return cls(load_file(str(checkpoint)), model, cfg, doc.get("columns", []), episode_bars)
 
     def act(self, market: np.ndarray, portfolio: np.ndarray) -> np.ndarray:
         """Greedy actions [n, 3] (direction, size, order type indices) for raw market rows
         [n, 50] and portfolio states [n, 3] (position, unrealised PnL in %, bars in position /
-        100, as `foxhunt.train.env.PORTFOLIO`)."""
+        100, as `foxhunt.train.env.PORTFOLIO`; bars beyond the training episode's length count
+        as that length, as in training)."""
         x = torch.tensor(np.asarray(market, dtype=np.float32))  # a copy: inputs may be read-only
         p = torch.tensor(np.asarray(portfolio, dtype=np.float32))
         if x.ndim != 2 or x.shape[1] != N_MKT or p.shape != (len(x), len(PORTFOLIO)):
@@ -75,6 +82,8 @@ class Policy:
                 f"market must be [n, {N_MKT}] and portfolio [n, {len(PORTFOLIO)}]; got "
                 f"{tuple(x.shape)} and {tuple(p.shape)}"
             )
+        if self.hold_cap is not None:
+            p[:, 2].clamp_(max=self.hold_cap)
         obs = normalise(x, self.mean, self.inv_std)
         if self.model in SUPERVISED:
             return self._act_supervised(obs, p).numpy()
