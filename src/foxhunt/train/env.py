@@ -156,7 +156,7 @@ class TradingEnv:
         return self.lo + (u * span).long().clamp(max=self.hi - 2 - self.lo)
 
     def portfolio(self) -> torch.Tensor:
-        """[E, 3]: position, unrealised PnL (%), bars in position / 100."""
+        """[E, 3]: position, unrealised PnL (%), bars in position (up to episode_bars) / 100."""
         return self.portfolio_of(self.t, self.pos, self.entry, self.hold)
 
     # ------------------------------------------------------------------ step
