@@ -16,7 +16,7 @@ The agents see each bar's 50 columns and their memory of the order flow (the env
 `memory_decay`, 0.5). With it (2026-12-03, 2 cores, six seeds each): the DQN earns test Sharpe
 22.68 +- 0.59 with costs on and 29.44 +- 0.64 off (the ridge baselines on the 50 columns 19.74
 and 28.92; on the 50 columns and the memory 23.45 and 32.70); PPO, with its weight decay
-(below), 20.78 +- 1.19 and 29.50 +- 0.18 over twelve seeds. The other comparisons quoted below
+(below), 21.16 +- 0.85 and 29.50 +- 0.18 over twelve seeds. The other comparisons quoted below
 were measured without the memory, most when every evaluation piece started flat; they chose the
 settings, which stay.
 """
@@ -68,7 +68,9 @@ PPO = PPOConfig(
 # without decay; test 21.51 +- 0.39 and 29.48 +- 0.27 against 21.80 and 28.70. The networks
 # lost more from val to test than a ridge on the same inputs; the decay narrows that. Seeds
 # 6-11 after the choice: 20.05 +- 2.43 costs on (seed 8 held one position through fold 1's
-# test, -2.8 there) and 29.52 +- 0.27 off; without the decay 21.86 +- 0.45 and 28.73 +- 0.37.
+# test, -2.8 there: the bars-in-position feature, since capped at episode_bars, had grown past
+# anything training saw; with the cap 12.93) and 29.52 +- 0.27 off; without the decay 21.86 +-
+# 0.45 and 28.73 +- 0.37.
 PQN = PQNConfig(hidden=(128, 128), envs=128, rollout_steps=64, rounds=8, gamma=0.95)
 # gamma 0.95 (the PQN default 0.9), over six seeds: costs on 18.88 +- 0.64 against 16.55 +- 1.66
 # (no seed below 16.3; at 0.9 three of six fell to 10.8-17.1), costs off 28.32 +- 0.77 against
