@@ -76,8 +76,9 @@ def test_agents_side_by_side_train_as_each_would_alone(model):
 
 STACKED = {
     "c51": DQNConfig(**SMALL_DQN),
-    "dense-nstep-cql-online": DQNConfig(**SMALL_DQN, dense_inputs=True, n_step=3,
-                                        cql_alpha=0.1, act_with="online"),
+    "dense-nstep-cql-online-decay": DQNConfig(**SMALL_DQN, dense_inputs=True, n_step=3,
+                                              cql_alpha=0.1, act_with="online",
+                                              weight_decay=0.5),
 }  # fmt: skip
 # (`distribution="mean"` stacks too, but not bit for bit on a CPU: its value layer is one
 # output wide, and a batched product that narrow runs another kernel than a lone one.)

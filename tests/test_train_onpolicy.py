@@ -4,7 +4,6 @@ env; gradient accumulation; determinism, resume and learning through `foxhunt tr
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 
 import numpy as np
@@ -214,36 +213,6 @@ def test_ppo_learning_rate_anneals_to_zero_over_the_fold():
             lrs.append(agent.lr.item())
     n = 3 * agent.rounds
     assert lrs == pytest.approx([PPO_TINY.lr * (1 - i / n) for i in range(n)])
-
-
-@pytest.mark.parametrize("agent_cls", [PPOAgent, PQNAgent])
-def test_weight_decay_is_adamws_and_zero_is_plain_adam(agent_cls):
-    """`weight_decay` w: each step multiplies the weights by 1 - lr * w before Adam's update.
-    The agent takes the same steps as one whose optimiser is torch.optim.AdamW at w, and at 0
-    as one with torch.optim.Adam; the decay changes the weights it learns."""
-    data = random_market(3000, 0)
-    base = PPO_TINY if agent_cls is PPOAgent else PQN_TINY
-
-    def run(w, reference=None):
-        cfg = dataclasses.replace(base, weight_decay=w, lr=3e-3)
-        agent = agent_cls(cfg, EnvConfig(episode_bars=64), data, 0)
-        if reference is not None:
-            agent.opt = reference([agent.flat], lr=agent.lr, eps=agent.opt.defaults["eps"])
-        agent.reset_fold(100, 2500, seed=1)
-        for epoch in range(2):
-            agent.begin_epoch(epoch, 2)
-            for _ in range(agent.rounds):
-                agent.collect()
-                agent.learn()
-        return agent.flat.detach().clone()
-
-    adamw = functools.partial(torch.optim.AdamW, weight_decay=0.5, foreach=False)
-    decayed = run(0.5)
-    assert torch.equal(decayed, run(0.5, adamw))
-    plain = run(0.0)
-    assert torch.equal(plain, run(0.0, functools.partial(torch.optim.Adam, foreach=False)))
-    assert not torch.equal(decayed, plain)
-    assert decayed.norm() < plain.norm()
 
 
 # ------------------------------------------------------------------------------ train

@@ -151,6 +151,7 @@ def test_a_corrupt_resume_file_is_named_with_what_to_do(demo_es, tmp_path):
         (["--ppo.envs", "10", "--ppo.rollout-steps", "3"], "must divide into minibatches"),
         (["--pqn.eps-decay", "0"], "eps_decay = 0.0: must be in (0, 1]"),
         (["--ppo.weight-decay", "-1"], "weight_decay = -1.0: must be >= 0 and finite"),
+        (["--dqn.weight-decay", "nan"], "weight_decay = nan: must be >= 0 and finite"),
         (["--epochs", "0"], "epochs = 0: must be at least 1"),
         (["--env.episode-bars", "1"], "episode_bars = 1: must be at least 2"),
         (["--env.memory-decay", "1"], "memory_decay = 1.0: must be in [0, 1), or None"),

@@ -168,6 +168,9 @@ class DQNConfig:
     """Adam learning rate."""
     adam_eps: float = 1.5e-4
     """Adam epsilon (Rainbow's value)."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
+    weight by lr * weight_decay before Adam's update. 0: plain Adam, bit for bit."""
     grad_clip: float = 10.0
     """Global gradient-norm clip."""
     tau: float = 0.005
@@ -242,6 +245,8 @@ class DQNConfig:
             need(getattr(self, k) >= 0.0, k, "must not be negative")
         for k in ("reward_scale", "lr", "adam_eps", "grad_clip"):
             need(getattr(self, k) > 0.0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        wd = self.weight_decay
+        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
         if self.collect_steps is not None and self.collect_steps < self.n_step:
             raise ValueError(
                 f"collect_steps = {self.collect_steps} < n_step = {self.n_step}: "
@@ -566,6 +571,8 @@ class RainbowAgent(AgentState):
             [self.flat],
             lr=cfg.lr,
             eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+            decoupled_weight_decay=True,
             capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )

@@ -178,7 +178,8 @@ class StackedRainbow:
         self.TP = _stacked_params(a0.target, self.T, grad=False)
         self.P_acting = {n: p.detach() for n, p in self.P.items()}  # collection needs no grad
         self.opt = torch.optim.Adam([self.W], **{
-            k: a0.opt.defaults[k] for k in ("lr", "eps", "capturable", "foreach")})  # fmt: skip
+            k: a0.opt.defaults[k] for k in ("lr", "eps", "weight_decay", "decoupled_weight_decay",
+                                            "capturable", "foreach")})  # fmt: skip
         self.own_opt = [a.opt.state[a.flat] for a in self.agents]
         self.opt.state[self.W] = {
             key: (torch.stack([st[key] for st in self.own_opt]) if key != "step" else
