@@ -1,11 +1,16 @@
 """Agents trained side by side in one process (foxhunt.train.cohort): each trains exactly as it
-would alone with the same seed, because every draw comes from its own generator."""
+would alone with the same seed, because every draw comes from its own generator. And what every
+agent's optimiser does alone (weight decay)."""
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import pytest
 import torch
 
+from foxhunt.train.agents.common import ensure_adam_state
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
 from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
@@ -28,17 +33,24 @@ FOLDS = [(100, 2000), (600, 2500)]
 SEEDS = [11, 12]
 
 
+def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
+    """Train `agent` alone over `folds` (fold k seeded fold_seeds[k]), `epochs` each: its
+    statistics per epoch."""
+    stats = []
+    for (lo, hi), s in zip(folds, fold_seeds, strict=True):
+        agent.reset_fold(lo, hi, s)
+        for e in range(epochs):
+            agent.begin_epoch(e, epochs)
+            for _ in range(agent.rounds):
+                agent.collect()
+                agent.learn()
+            stats.append(agent.read_stats())
+    return stats
+
+
 def train_alone(cls, cfg, data, seed: int, fold_seeds: list[int]):
     a = cls(cfg, EnvConfig(episode_bars=200), data, seed=seed)
-    stats = []
-    for (lo, hi), s in zip(FOLDS, fold_seeds, strict=True):
-        a.reset_fold(lo, hi, s)
-        for e in range(2):
-            a.begin_epoch(e, 2)
-            for _ in range(a.rounds):
-                a.collect()
-                a.learn()
-            stats.append(a.read_stats())
+    stats = drive(a, FOLDS, fold_seeds)
     return stats, torch.cat([p.detach().flatten() for p in a.params])
 
 
@@ -218,3 +230,28 @@ def test_compiled_methods_of_many_agents_all_stay_compiled():
     for a in agents[1:]:
         assert compiled(a.update, backend=backend)(torch.ones(3)).item() == pytest.approx(-0.6)
     assert len(graphs) == 10 * per_agent  # every agent compiled, none fell back to eager
+
+
+@pytest.mark.parametrize("model", ["dqn", "ppo", "pqn"])
+def test_weight_decay_is_adamws_and_zero_is_plain_adam(model):
+    """`weight_decay` w: each step multiplies the weights by 1 - lr * w before Adam's update.
+    The agent takes the same steps as one whose optimiser is torch.optim.AdamW at w, and at 0
+    as one with torch.optim.Adam; the decay changes the weights it learns, towards 0."""
+    cls, (cfg, _) = MODELS[model]
+    data = random_market(3000, 0)
+
+    def run(w, reference=None):
+        agent = cls(dataclasses.replace(cfg, weight_decay=w, lr=3e-3), EnvConfig(), data, 0)
+        if reference is not None:
+            d = agent.opt.defaults
+            agent.opt = reference([agent.flat], lr=d["lr"], eps=d["eps"], foreach=d["foreach"])
+            ensure_adam_state(agent.opt, agent.flat)
+        drive(agent, FOLDS[:1], [1])
+        return agent.flat.detach().clone()
+
+    decayed = run(0.5)
+    assert torch.equal(decayed, run(0.5, functools.partial(torch.optim.AdamW, weight_decay=0.5)))
+    plain = run(0.0)
+    assert torch.equal(plain, run(0.0, torch.optim.Adam))
+    assert not torch.equal(decayed, plain)
+    assert decayed.norm() < plain.norm()

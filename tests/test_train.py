@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import os
 import subprocess
@@ -17,22 +16,10 @@ import torch
 
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
-from foxhunt.train import (
-    DQNConfig,
-    EnvConfig,
-    PPOConfig,
-    PQNConfig,
-    TrainConfig,
-    demo,
-    run_train,
-    train_seeds,
-)  # fmt: skip
-from foxhunt.train.agents import agent_class
-from foxhunt.train.agents.common import ensure_adam_state
+from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
 from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
-from marketdata import random_market
 from trainruns import Killed, load_normaliser, metrics_of
 
 TINY = DQNConfig(
@@ -357,47 +344,6 @@ def test_best_checkpoint_reproduces_the_val_and_test_metrics(
     # The normaliser is the train range's.
     x = data.mkt[fold["train_start"] : fold["train_end"]].double()
     torch.testing.assert_close(data.mean.double(), x.mean(0), rtol=1e-5, atol=1e-6)
-
-
-DECAY_AGENTS = {
-    "dqn": dict(envs=32, collect_steps=8, learn_steps=6, batch_size=32, replay_capacity=2048,
-                hidden=(32, 32)),
-    "ppo": dict(hidden=(32, 32), envs=16, rollout_steps=16, rounds=2, minibatches=2,
-                update_epochs=2),
-    "pqn": dict(hidden=(32, 32), envs=16, rollout_steps=16, rounds=2, minibatches=2),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("model", list(DECAY_AGENTS))
-def test_weight_decay_is_adamws_and_zero_is_plain_adam(model):
-    """`weight_decay` w: each step multiplies the weights by 1 - lr * w before Adam's update.
-    The agent takes the same steps as one whose optimiser is torch.optim.AdamW at w, and at 0
-    as one with torch.optim.Adam; the decay changes the weights it learns, towards 0."""
-    data = random_market(3000, 0)
-    cls = agent_class(model)
-    cfg_cls = {"dqn": DQNConfig, "ppo": PPOConfig, "pqn": PQNConfig}[model]
-
-    def run(w, reference=None):
-        cfg = cfg_cls(**DECAY_AGENTS[model], weight_decay=w, lr=3e-3)
-        agent = cls(cfg, EnvConfig(episode_bars=64), data, 0)
-        if reference is not None:
-            d = agent.opt.defaults
-            agent.opt = reference([agent.flat], lr=d["lr"], eps=d["eps"], foreach=d["foreach"])
-            ensure_adam_state(agent.opt, agent.flat)
-        agent.reset_fold(100, 2500, seed=1)
-        for epoch in range(2):
-            agent.begin_epoch(epoch, 2)
-            for _ in range(agent.rounds):
-                agent.collect()
-                agent.learn()
-        return agent.flat.detach().clone()
-
-    decayed = run(0.5)
-    assert torch.equal(decayed, run(0.5, functools.partial(torch.optim.AdamW, weight_decay=0.5)))
-    plain = run(0.0)
-    assert torch.equal(plain, run(0.0, torch.optim.Adam))
-    assert not torch.equal(decayed, plain)
-    assert decayed.norm() < plain.norm()
 
 
 @pytest.mark.parametrize("model", ["dqn", "ppo", "pqn"])

@@ -50,6 +50,8 @@ JOINT = tuple(
 )
 """The 30 joint actions, as (direction, size, order type) branch indices."""
 PORTFOLIO = ("position", "unrealised_pnl_pct", "bars_in_position_100")
+HOLD_SCALE = 100.0
+"""Bars in position are given in hundreds (up to the config's `episode_bars`)."""
 
 
 def joint_table(device: torch.device | str = "cpu") -> torch.Tensor:
@@ -207,7 +209,7 @@ class TradingEnv:
         (a position held through a month's ~8,000 test bars read 80, where training never saw more
         than 5.12 at the demo's 512-bar episodes)."""
         upnl = pos * (self._at(self.close, t) / entry - 1.0)
-        held = hold.clamp(max=float(self.cfg.episode_bars)) / 100.0
+        held = hold.clamp(max=float(self.cfg.episode_bars)) / HOLD_SCALE
         return torch.stack([pos, upnl * 100.0, held], -1)
 
     def step(

@@ -33,7 +33,7 @@ import torch
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
 from foxhunt.train.agents.common import state
 from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise
-from foxhunt.train.env import DIRECTIONS, ORDER_TYPES, PORTFOLIO, SIZES
+from foxhunt.train.env import DIRECTIONS, HOLD_SCALE, ORDER_TYPES, PORTFOLIO, SIZES
 
 
 class Policy:
@@ -43,7 +43,7 @@ class Policy:
     ):  # fmt: skip
         self.model, self.cfg, self.columns = model, cfg, columns
         # Bars in position count up to the training episode's length, as the env counts them.
-        self.hold_cap = None if episode_bars is None else episode_bars / 100.0
+        self.hold_cap = None if episode_bars is None else episode_bars / HOLD_SCALE
         self._act = policy_module(model).acting_net(cfg, tensors)
         self.mean, self.inv_std = tensors["norm.mean"], tensors["norm.inv_std"]
         self.memory_decay = None  # checkpoints of agents without the memory hold none of it
