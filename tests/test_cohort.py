@@ -17,6 +17,7 @@ from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
 from foxhunt.train.cohort import Cohort
 from foxhunt.train.env import EnvConfig
 from marketdata import random_market
+from trainruns import drive
 
 SMALL_DQN = dict(envs=64, collect_steps=8, learn_steps=6, batch_size=32, replay_capacity=2048,
                  hidden=(32, 32))  # fmt: skip
@@ -31,21 +32,6 @@ MODELS = {
 }  # fmt: skip
 FOLDS = [(100, 2000), (600, 2500)]
 SEEDS = [11, 12]
-
-
-def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
-    """Train `agent` alone over `folds` (fold k seeded fold_seeds[k]), `epochs` each: its
-    statistics per epoch."""
-    stats = []
-    for (lo, hi), s in zip(folds, fold_seeds, strict=True):
-        agent.reset_fold(lo, hi, s)
-        for e in range(epochs):
-            agent.begin_epoch(e, epochs)
-            for _ in range(agent.rounds):
-                agent.collect()
-                agent.learn()
-            stats.append(agent.read_stats())
-    return stats
 
 
 def train_alone(cls, cfg, data, seed: int, fold_seeds: list[int]):

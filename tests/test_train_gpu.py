@@ -11,6 +11,7 @@ import torch
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from marketdata import random_market
+from trainruns import drive
 
 pytestmark = pytest.mark.gpu
 
@@ -139,14 +140,7 @@ def run_onpolicy(capture: str, model: str, precision: str = "fp32", epochs: int 
     agent = agent_cls(cfg, EnvConfig(episode_bars=300), data, seed=7)
     if capture == "graph":
         agent.capture()
-    agent.reset_fold(1000, 15000, seed=3)
-    stats = []
-    for e in range(epochs):
-        agent.begin_epoch(e, epochs)
-        for _ in range(agent.rounds):
-            agent.collect()
-            agent.learn()
-        stats.append(agent.read_stats())
+    stats = drive(agent, [(1000, 15000)], [3], epochs)
     return stats, agent.flat.detach().cpu().clone()
 
 

@@ -1,5 +1,6 @@
-"""Helpers of the training tests: what two runs must share to count as the same, and the
-exception a test raises from `on_epoch_end` to stand for a killed task."""
+"""Helpers of the training tests: what two runs must share to count as the same, the
+exception a test raises from `on_epoch_end` to stand for a killed task, and an agent driven
+alone through folds and epochs."""
 
 from __future__ import annotations
 
@@ -11,6 +12,21 @@ def metrics_of(res) -> list:
 
 class Killed(Exception):
     pass
+
+
+def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
+    """Train `agent` alone over `folds` (fold k seeded fold_seeds[k]), `epochs` each: its
+    statistics per epoch."""
+    stats = []
+    for (lo, hi), s in zip(folds, fold_seeds, strict=True):
+        agent.reset_fold(lo, hi, s)
+        for e in range(epochs):
+            agent.begin_epoch(e, epochs)
+            for _ in range(agent.rounds):
+                agent.collect()
+                agent.learn()
+            stats.append(agent.read_stats())
+    return stats
 
 
 def load_normaliser(data, tensors) -> None:
