@@ -24,6 +24,21 @@ def test_help_lists_steps_and_explains_options():
     assert "--signal" in out and "next bar" in out
 
 
+def test_help_reflows_wrapped_field_docstrings():
+    # tyro 1.0 broke a help line at each indented continuation line of a field's docstring;
+    # foxhunt.cli joins each paragraph first. The text tyro wraps for `--model`:
+    code = (
+        "import json, tyro._docstrings as d; from foxhunt import cli; "
+        "from foxhunt.train.core import TrainConfig; cli._reflow_field_docstrings(); "
+        "print(json.dumps(d.get_field_docstring(TrainConfig, 'model', ())))"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    text = json.loads(r.stdout)
+    assert "\n" not in text
+    assert "factorised policy over the branches), pqn (Q(lambda) on PPO's rollouts" in text
+    assert text.endswith("(the members' own: --ensemble.tlob.*, ...).")
+
+
 def test_synth_then_ingest_smoke(tmp_path):
     raw, out = tmp_path / "raw", tmp_path / "ingested"
     synth = ["synth", "--out", str(raw), "--symbols", "ES", "--start", "2024-01-02"]

@@ -43,6 +43,34 @@ COMMANDS = {
 }
 
 
+def _reflow_field_docstrings() -> None:
+    """Field docstrings as paragraphs in `--help`. tyro (1.0) reads a config field's docstring
+    through docstring_parser, which keeps the source's indentation on its continuation lines,
+    and then starts a new help line at every indented line: each wrapped docstring came out
+    as ragged lines. Here each paragraph is joined into one line before tyro sees it, and
+    tyro wraps it to the terminal (a paragraph holding a list keeps its lines)."""
+    import inspect
+    import re
+
+    from tyro import _docstrings
+
+    parse = getattr(_docstrings, "parse_docstring_from_object", None)
+    if parse is None or getattr(parse, "reflowed", False):
+        return
+
+    def paragraph(text: str) -> str:
+        return text if re.search(r"^\s*[-*] ", text, re.M) else " ".join(text.split())
+
+    def reflowed(obj: object) -> dict[str, str]:
+        return {
+            name: "\n\n".join(paragraph(p) for p in re.split(r"\n\s*\n", inspect.cleandoc(doc)))
+            for name, doc in parse(obj).items()
+        }
+
+    reflowed.reflowed = True
+    _docstrings.parse_docstring_from_object = reflowed
+
+
 def _progress():
     from rich.progress import (
         BarColumn,
@@ -242,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     # train's and bench's nested configs keep their prefixes (--dqn.lr, --ppo.lr,
     # --env.fee-bps; --plan.epochs): their fields share names.
     flat = () if name in ("train", "bench") else (tyro.conf.OmitArgPrefixes,)
+    _reflow_field_docstrings()
     cfg = tyro.cli(cls, args=rest, prog=f"foxhunt {name}", config=flat)
     try:
         return globals()[f"cmd_{name}"](cfg)
