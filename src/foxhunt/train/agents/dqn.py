@@ -123,8 +123,8 @@ class DQNConfig:
     Off by default: an epoch of the standard workload costs two thirds of the time. On the demo
     market with costs on, epsilon-greedy 0.1 earns as much at the CPU sizes; at the GPU sizes
     noisy nets with `dense_inputs` earned more (test Sharpe 22.1 against 19.1 over twelve
-    seeds; with costs off the same), a choice made on a small market that the defaults, set
-    for the 2M-bar workload, do not follow (docs/performance.md)."""
+    seeds; with costs off both earn ridge's figure), a choice made on a small market that the
+    defaults, set for the 2M-bar workload, do not follow (docs/performance.md)."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
     noise_per_env: bool = False
