@@ -15,10 +15,15 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 `-compile` torch.compile the loss and the update. A/B switches: `-noalign` (head matmuls at
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
-compiled variant's collection step left uncompiled), `-torchtarget` (C51's projection in torch
+compiled variant's collection step left uncompiled), `-nofold` (the dueling mean taken over the
+advantage layer's outputs, as on a CPU, rather than out of its weights), `-torchtarget` (C51's projection in torch
 rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
-None: the state of the anchor's definition).
+None: the state of the anchor's definition), `-floor` (the learning step cut down to its
+network work: the online network's forward and backward on a fixed batch of states, the
+target's and the online network's forwards on the next states, clipping, Adam and the target
+update; no replay, no n-step return, no C51 loss; the collection as usual: what an epoch would
+take if everything but the network cost nothing).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -121,7 +126,7 @@ def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
     return out
 
 
-def profile_learn(agent, variant: str, steps: int = 20) -> None:
+def profile_learn(agent, variant: str, steps: int = 20, rows: int = 30) -> None:
     """Kernel time per learning step (DQN) or per update (PPO, PQN), by kernel name (outside any
     graph: the eager or compiled step as it is captured)."""
     from torch.profiler import ProfilerActivity, profile
@@ -136,16 +141,16 @@ def profile_learn(agent, variant: str, steps: int = 20) -> None:
         for _ in range(steps):
             step()
         torch.cuda.synchronize()
-    rows = {}
+    table = {}
     for e in prof.events():
         if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = e.name[:60]
-            n, t = rows.get(k, (0, 0.0))
-            rows[k] = (n + 1, t + e.device_time)
-    total = sum(t for _, t in rows.values()) / steps
+            k = e.name[:90]
+            n, t = table.get(k, (0, 0.0))
+            table[k] = (n + 1, t + e.device_time)
+    total = sum(t for _, t in table.values()) / steps
     print(f"profile {variant}: {total:.0f} us of kernels per step, "
-          f"{sum(n for n, _ in rows.values()) / steps:.0f} kernels", flush=True)  # fmt: skip
-    for k, (n, t) in sorted(rows.items(), key=lambda kv: -kv[1][1])[:30]:
+          f"{sum(n for n, _ in table.values()) / steps:.0f} kernels", flush=True)  # fmt: skip
+    for k, (n, t) in sorted(table.items(), key=lambda kv: -kv[1][1])[:rows]:
         print(f"  {t / steps:7.1f} us  {n / steps:4.1f}x  {k}", flush=True)
 
 
@@ -163,6 +168,7 @@ def main() -> None:
     ap.add_argument(
         "--profile", action="store_true", help="top CUDA kernels of 20 learning steps per variant"
     )
+    ap.add_argument("--profile-rows", type=int, default=30, help="kernels the profile lists")
     args = ap.parse_args()
     dev = torch.device("cpu" if args.cpu_smoke else "cuda")
     n = 20_000 if args.cpu_smoke else 2_000_000
@@ -291,6 +297,8 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
     # -eagercollect (the collection step uncompiled).
     if "noalign" in opts:
         agent.net.align = agent.target.align = 1
+    if "nofold" in opts:
+        agent.net.fold_mean = agent.target.fold_mean = False
     if "eagercollect" in opts:  # the collection step uncompiled (captured all the same)
         agent.collect_fn = agent._collect_act
     for impl in ("fused", "single"):
@@ -301,9 +309,45 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
             )  # fmt: skip
             agent.update_fn = agent._update
     agent.reset_fold(*train, seed=1)
+    if "floor" in opts:
+        agent._learn_step = network_only_step(agent, train)
     if capture == "graph":
         agent.capture()
     report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
+
+
+def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
+    """The `-floor` variant's learning step: the network's share of a real one (see the module
+    docstring), over one fixed batch of states drawn from the train range."""
+    from foxhunt.train.agents.common import compiled
+
+    cfg, B = agent.cfg, agent.cfg.batch_size
+    g = torch.Generator(agent.device).manual_seed(0)
+    t = torch.randint(train[0], train[1] - 2, (B,), device=agent.device, generator=g)
+    flat, one = torch.zeros(B, device=agent.device), torch.ones(B, device=agent.device)
+    s, s2 = (agent.state(x, agent.env.portfolio_of(x, flat, one, flat)) for x in (t, t + 1))
+
+    def loss_of(s, s2):
+        with agent._autocast():
+            out = agent.net(s, None)
+            with torch.no_grad():
+                nxt = agent.target(s2, None).float().mean() + agent.net(s2, None).float().mean()
+        # the next-state outputs feed the loss as a constant, so they are not optimised away
+        return out.float().square().mean() + nxt
+
+    loss_fn = compiled(loss_of) if cfg.compile else loss_of
+
+    def step() -> None:
+        loss = loss_fn(s, s2)
+        for p in agent.params:
+            p.grad = None
+        loss.backward()
+        agent.flat.grad = torch.cat([p.grad.reshape(-1) for p in agent.params])
+        agent.update_fn()  # clipping, Adam and the target update, as the real step
+        with torch.no_grad():
+            agent.stats[0] += loss.detach()
+
+    return step
 
 
 H200_BF16_FLOPS = 790e12  # dense bf16 matmul peak as measured (../shared/bench/README.md)
@@ -365,7 +409,7 @@ def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, c
         flush=True,
     )
     if args.profile and dev.type == "cuda":
-        profile_learn(agent, variant)
+        profile_learn(agent, variant, rows=args.profile_rows)
 
 
 if __name__ == "__main__":
