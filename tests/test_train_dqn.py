@@ -311,10 +311,14 @@ def test_per_row_noise_is_the_factorised_formula_row_by_row():
     assert "row_in" not in layer.state_dict()  # redrawn before use: not part of a checkpoint
 
 
-def test_dueling_joint_head_has_zero_mean_advantage():
+@pytest.mark.parametrize("align,fold_mean", [(1, False), (1, True), (8, True)])
+def test_dueling_joint_head_has_zero_mean_advantage(align, fold_mean):
+    """The dueling head against its formula, v + a - mean_a(a), in float64: as written (the
+    CPU's form) and with the mean taken out of the advantage layer's weights and the widths
+    padded (the GPU's form); the gradients of every weight too."""
     torch.manual_seed(0)
-    net = QNet(tiny(noisy=False))
-    x = torch.randn(6, 64)
+    net = QNet(tiny(noisy=False), align=align, fold_mean=fold_mean).double()
+    x = torch.randn(6, 64, dtype=torch.float64)
     out = net(x)  # [6, 30, 51]
     assert out.shape == (6, N_ACTIONS, 51) and N_ACTIONS == len(JOINT) == 30
     h = x
@@ -323,7 +327,14 @@ def test_dueling_joint_head_has_zero_mean_advantage():
     hv, ha = torch.relu(net.head(h)).chunk(2, 1)
     v = net.value(hv)
     a = net.adv(ha).view(6, N_ACTIONS, 51)
-    torch.testing.assert_close(out, v[:, None] + a - a.mean(1, keepdim=True))
+    ref = v[:, None] + a - a.mean(1, keepdim=True)
+    torch.testing.assert_close(out, ref)
+    g = torch.randn_like(ref)
+    params = list(net.parameters())
+    got = torch.autograd.grad((out * g).sum(), params)
+    want = torch.autograd.grad((ref * g).sum(), params)
+    for p, w in zip(got, want, strict=True):
+        torch.testing.assert_close(p, w)
 
 
 def test_quantile_huber_against_a_loop():

@@ -340,11 +340,17 @@ class QNet(nn.Module):
     """Trunk -> value stream + advantage stream over the joint actions (dueling).
 
     C51: returns logits [B, A, atoms] for the A = 30 joint actions.
-    IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A]."""
+    IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A].
 
-    def __init__(self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1):
+    align > 1 pads the output layers' widths inside their matmuls; fold_mean takes the dueling
+    mean out of the advantage layer's weights (see _out). Both are for a GPU: they compute the
+    same function, rounded otherwise, so that on a CPU the network stays as it was."""
+
+    def __init__(
+        self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1, fold_mean: bool = False
+    ):
         super().__init__()
-        self.cfg, self.n_act, self.align = cfg, n_actions, align
+        self.cfg, self.n_act, self.align, self.fold_mean = cfg, n_actions, align, fold_mean
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
         dims = (IN_DIM, *cfg.hidden)
@@ -380,19 +386,35 @@ class QNet(nn.Module):
     def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
 
-    def _out(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
+    def _out(
+        self, layer: nn.Module, x: torch.Tensor, noise: bool | str, center: bool = False
+    ) -> torch.Tensor:
         """A head's output layer. With align > 1 its width (51, 1530 for C51) is padded to a
         multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
-        kernels, in the backward pass as well. In float32 with `float32_outputs`."""
+        kernels, in the backward pass as well. In float32 with `float32_outputs`.
+
+        center (the advantage layer, plain): the layer's outputs less their mean over the
+        actions, a - mean_a(a), computed as one matmul with the mean taken out of the weights
+        and bias first (the mean is linear in them). The same function as the dueling mean
+        taken after the layer, without the passes over the [B, actions, out] outputs it costs
+        in the forward and the backward. Noisy layers take the mean after (their noise differs
+        between actions)."""
         if self.cfg.float32_outputs and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._out(layer, x.float(), noise)
+                return self._out(layer, x.float(), noise, center)
         pad = -layer.out_features % self.align
         if isinstance(layer, NoisyLinear):
             return layer(x, noise, pad)
-        if not pad:
+        if not (pad or center):
             return layer(x)
-        y = F.linear(x, F.pad(layer.weight, (0, 0, 0, pad)), F.pad(layer.bias, (0, pad)))
+        w, b = layer.weight, layer.bias
+        if center:
+            wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
+            w = (wa - wa.mean(0, keepdim=True)).view_as(w)
+            b = (ba - ba.mean(0, keepdim=True)).view_as(b)
+        if not pad:
+            return F.linear(x, w, b)
+        y = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(b, (0, pad)))
         return y[:, : layer.out_features]
 
     def forward(
@@ -410,8 +432,11 @@ class QNet(nn.Module):
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
         hv, ha = F.relu(self._call(self.head, x, noise)).chunk(2, dim=1)
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
-        a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
-        q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
+        if self.fold_mean and not isinstance(self.adv, NoisyLinear):  # see _out
+            q = v + self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
+        else:
+            a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
+            q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
         if self.iqn:
             return q.view(B, K, self.n_act)
         return q
@@ -557,8 +582,10 @@ class RainbowAgent(AgentState):
         # from the agent's own generator, seeded per fold: agents trained side by side in one
         # process draw what each would alone.
         self.gen = torch.Generator(dev).manual_seed(seed)
-        # Output widths padded inside the heads' matmuls on a GPU (see QNet._out).
-        self.net = QNet(cfg, align=8 if dev.type == "cuda" else 1).to(dev)
+        # On a GPU the heads' output widths are padded inside their matmuls and the dueling mean
+        # is taken out of the advantage layer's weights (see QNet._out).
+        gpu = dev.type == "cuda"
+        self.net = QNet(cfg, align=8 if gpu else 1, fold_mean=gpu).to(dev)
         self.params = list(self.net.parameters())
         # All weights live in one flat buffer and the modules' parameters are views of it, so
         # that clipping, Adam and the target update are each one kernel over one tensor (on a
