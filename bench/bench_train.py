@@ -16,8 +16,9 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
 compiled variant's collection step left uncompiled), `-nofold` (the dueling mean taken over the
-advantage layer's outputs, as on a CPU, rather than out of its weights), `-torchtarget` (C51's projection in torch
-rather than the Triton kernel of foxhunt.train.agents.c51_triton, `triton_target`),
+advantage layer's outputs, as on a CPU, rather than out of its weights), `-torchtarget` (C51's
+projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_triton,
+`triton_target`),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
