@@ -3,7 +3,7 @@
     python bench/bench_learning.py [--data data] [--models dqn,ppo,pqn] [--seeds 0,1,2]
                                    [--costs on,off] [--jobs 2] [--device cpu|cuda]
                                    [--sizes demo|default] [--set pqn.gamma=0.95 ...]
-                                   [--epoch-log]
+                                   [--epoch-log] [--ensemble 3]
 
 (after `make run`; on 2 cores with --jobs 2, about 12 minutes for the three models, three seeds
 and both cost settings. `--models none` evaluates the baselines alone, in seconds: with `--set
@@ -21,6 +21,10 @@ standard error, and each fold's test figure (mean over seeds) is printed beside.
 charges the env's defaults (0.1 bp fee + 0.25 bp half spread per unit traded by market orders),
 "costs off" nothing. With --jobs N the tasks run in N processes of one thread each (a seed's
 figures depend on the thread count: compare on one setting).
+
+`--ensemble N` (DQN) adds the row `dqn_ensemble<N>`: the seeds taken N at a time in their order,
+each group acting greedily on the mean of its members' expected Q-values (each fold's best
+checkpoints), evaluated as the rest; mean and standard error over the groups.
 """
 
 from __future__ import annotations
@@ -44,9 +48,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from foxhunt.fxcache import FxCache
 from foxhunt.train import TrainConfig, demo, run_train
 from foxhunt.train.agents import AGENTS
+from foxhunt.train.agents.common import Observation
 from foxhunt.train.baselines import evaluate_baselines, signal_policy
 from foxhunt.train.data import MarketData
-from foxhunt.train.env import EnvConfig
+from foxhunt.train.env import EnvConfig, joint_table
 from foxhunt.train.evaluate import Evaluator
 from foxhunt.train.metrics import periods_per_year, trading_metrics
 from foxhunt.train.tracking import NullLogger
@@ -104,8 +109,9 @@ def oracle_rows(evaluator, data, folds, pressure, ppy) -> dict[str, list[dict]]:
     return out
 
 
-def train_one(job: dict) -> tuple[str, str, list, float]:
-    """One training task (a process of its own with --jobs): (model, costs, folds, seconds)."""
+def train_one(job: dict) -> tuple[str, str, list, float, Path]:
+    """One training task (a process of its own with --jobs): (model, costs, folds, seconds, the
+    run's directory)."""
     if job["device"] == "cpu":
         torch.set_num_threads(job["threads"])
     if job.get("epoch_log"):  # foxhunt.train's epoch lines, each with its task's name
@@ -120,7 +126,54 @@ def train_one(job: dict) -> tuple[str, str, list, float]:
     test = statistics.mean(f["test"]["sharpe"] for f in res.folds)
     print(f"  {job['model']} costs {job['costs']} seed {job['cfg']['seed']}: test Sharpe "
           f"{test:.2f} ({s:.0f} s)", flush=True)  # fmt: skip
-    return job["model"], job["costs"], res.folds, s
+    return job["model"], job["costs"], res.folds, s, res.run_dir
+
+
+def q_ensemble(checkpoints: list[Path], obs: Observation, device: torch.device):
+    """The greedy policy on the mean expected Q-value of DQN checkpoints (one fold's, one per
+    seed), as the evaluator calls a policy: (bars, portfolios) -> branch actions."""
+    from safetensors.torch import load_file
+
+    from foxhunt.train.agents.dqn import QNet, expected_q
+    from foxhunt.train.policy import Policy
+
+    members = []
+    for ck in checkpoints:
+        cfg = Policy.load(ck).cfg
+        if cfg.distribution == "iqn":
+            sys.exit("--ensemble: IQN's expected values need sampled fractions; c51 or mean only")
+        tensors = load_file(str(ck), device=str(device))
+        net = QNet(cfg).to(device).eval()
+        net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
+        members.append((net, tensors["support.z"], cfg.distribution))
+    joint = joint_table(device)
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            x = obs(t, portfolio)
+            q = torch.stack([expected_q(n(x, None, noise=False), z, d) for n, z, d in members])
+        return joint.index_select(0, q.mean(0).argmax(-1))
+
+    return act
+
+
+def ensemble_rows(evaluator, data, folds, run_dirs: list[Path], n: int, env, ppy) -> list:
+    """Each group of n runs' (seeds') mean-Q policy on every fold: [[{val, test} per fold]]."""
+    obs = Observation(data, env.memory_decay)
+    rows = []
+    for g in range(0, len(run_dirs) - n + 1, n):
+        group = run_dirs[g : g + n]
+        per_fold = []
+        for f in folds:
+            ranges = {p: (f[f"{p}_start"], f[f"{p}_end"]) for p in ("train", "val", "test")}
+            data.fit_normaliser(*ranges["train"])  # the normaliser each member trained with
+            ckpts = [d / f"fold-{f['fold']}" / "best.safetensors" for d in group]
+            policy = q_ensemble(ckpts, obs, data.device)
+            per_fold.append({p: trading_metrics(*evaluator.run(policy, *ranges[p]), ppy,
+                                                evaluator.last_positions)
+                             for p in ("val", "test")})  # fmt: skip
+        rows.append(per_fold)
+    return rows
 
 
 def env_sets(env: EnvConfig, sets: list[str]) -> tuple[EnvConfig, list[str]]:
@@ -196,6 +249,10 @@ def main() -> None:
     ap.add_argument(
         "--epoch-log", action="store_true", help="each task's epoch lines (val Sharpe by epoch)"
     )
+    ap.add_argument(
+        "--ensemble", type=int, default=0, metavar="N",
+        help="DQN: also evaluate the mean-Q policy of each N seeds in turn (dqn_ensemble<N>)",
+    )  # fmt: skip
     args = ap.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     models = [] if args.models == "none" else args.models.split(",")
@@ -251,10 +308,15 @@ def main() -> None:
         done = [train_one(j) for j in jobs]
     for costs in args.costs.split(","):
         env = dataclasses.replace(env0, **COSTS[costs])
-        table = {m: [f for mm, c, f, _ in done if mm == m and c == costs] for m in models}
-        secs = {m: statistics.mean(s for mm, c, _, s in done if mm == m and c == costs)
+        table = {m: [f for mm, c, f, _, _ in done if mm == m and c == costs] for m in models}
+        secs = {m: statistics.mean(s for mm, c, _, s, _ in done if mm == m and c == costs)
                 for m in models}  # fmt: skip
         evaluator = Evaluator(env, data, 64)
+        if args.ensemble and "dqn" in models:
+            runs = [d for mm, c, _, _, d in done if mm == "dqn" and c == costs]
+            table[f"dqn_ensemble{args.ensemble}"] = ensemble_rows(
+                evaluator, data, doc["folds"], runs, args.ensemble, env, ppy
+            )
         base = []
         for f in doc["folds"]:
             ranges = {p: (f[f"{p}_start"], f[f"{p}_end"]) for p in ("train", "val", "test")}

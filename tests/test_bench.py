@@ -243,3 +243,73 @@ def test_bench_learning_baselines_alone_with_and_without_the_memory(demo_es, tmp
     assert {"ridge", "ridge_cost", "ridge_memory", "ridge_memory_cost"} <= on.keys()
     assert "ridge_memory" not in off and on["ridge"][:2] == off["ridge"][:2]
     assert float(on["flat"][1]) == 0.0
+
+
+def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(demo_es, tmp_path):
+    """bench_learning's mean-Q ensemble (`--ensemble`) rebuilds each member from its fold
+    checkpoint. A group of one run earns that run's own val and test figures as the trainer
+    reported them, and so does the same run twice; a group of two runs acts on the argmax of
+    the mean of the two trained agents' expected Q-values (the trainer's own networks with
+    the checkpoints' weights); the runs are grouped in their order, the remainder left out."""
+    import sys
+
+    import torch
+    from safetensors.torch import load_file
+
+    from foxhunt.fxcache import FxCache
+    from foxhunt.train import TrainConfig, run_train
+    from foxhunt.train.agents.common import Observation
+    from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.env import EnvConfig
+    from foxhunt.train.evaluate import Evaluator
+    from foxhunt.train.metrics import periods_per_year
+    from foxhunt.train.tracking import NullLogger
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import bench_learning
+
+    tiny = DQNConfig(hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4,
+                     batch_size=64, replay_capacity=4096)  # fmt: skip
+    env = EnvConfig(episode_bars=256)
+    runs = [
+        run_train(TrainConfig(folds=demo_es[1], cache=demo_es[0], epochs=2, out=tmp_path,
+                              dqn=tiny, tracking="none", eval_segments=64, env=env,
+                              baselines=False, fold_ids=(1,), run_id=f"s{seed}", seed=seed),
+                  NullLogger())
+        for seed in (0, 1)
+    ]  # fmt: skip
+    doc = json.loads(demo_es[1].read_text())
+    cache = FxCache.open(demo_es[0], doc["fxcache_key"])
+    data = MarketData.from_fxcache(cache, torch.device("cpu"))
+    data.use_memory(env.memory_decay)
+    folds = [f for f in doc["folds"] if f["fold"] == 1]
+    ev = Evaluator(env, data, 64)
+    ppy = periods_per_year(cache.timestamps)
+    a = runs[0].run_dir
+    one = bench_learning.ensemble_rows(ev, data, folds, [a], 1, env, ppy)
+    twice = bench_learning.ensemble_rows(ev, data, folds, [a, a, a], 2, env, ppy)
+    assert len(one) == 1 and len(twice) == 1
+    for part in ("val", "test"):
+        want = {k: v for k, v in runs[0].folds[0][part].items() if k != "exact"}
+        assert one[0][0][part] == want and twice[0][0][part] == want
+
+    f = folds[0]
+    data.fit_normaliser(f["train_start"], f["train_end"])
+    obs = Observation(data, env.memory_decay)
+    ckpts = [r.run_dir / "fold-1" / "best.safetensors" for r in runs]
+    policy = bench_learning.q_ensemble(ckpts, obs, data.device)
+    n = 400
+    t = torch.arange(f["test_start"], f["test_start"] + n)
+    port = torch.stack([torch.linspace(-1, 1, n), torch.linspace(-0.5, 0.5, n),
+                        torch.linspace(0, 2, n)], 1)  # fmt: skip
+    qs = []
+    for ck in ckpts:
+        agent = RainbowAgent(tiny, env, data, seed=99)  # the weights come from the checkpoint
+        agent.load_weights({k: v for k, v in load_file(str(ck)).items() if k.startswith("net.")
+                            or k == "support.z"})  # fmt: skip
+        with torch.no_grad():
+            qs.append(agent.q_values(agent._acting()(agent.state(t, port), None, noise=False)))
+    want = agent.joint.index_select(0, torch.stack(qs).mean(0).argmax(-1))
+    assert torch.equal(policy(t, port), want)
+    assert not torch.equal(qs[0].argmax(-1), qs[1].argmax(-1))  # the members disagree somewhere
