@@ -245,14 +245,14 @@ def test_bench_learning_baselines_alone_with_and_without_the_memory(demo_es, tmp
     assert float(on["flat"][1]) == 0.0
 
 
-def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(demo_es, tmp_path):
+def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(
+    demo_es, tmp_path, monkeypatch
+):
     """bench_learning's mean-Q ensemble (`--ensemble`) rebuilds each member from its fold
     checkpoint. A group of one run earns that run's own val and test figures as the trainer
     reported them, and so does the same run twice; a group of two runs acts on the argmax of
     the mean of the two trained agents' expected Q-values (the trainer's own networks with
     the checkpoints' weights); the runs are grouped in their order, the remainder left out."""
-    import sys
-
     import torch
     from safetensors.torch import load_file
 
@@ -266,7 +266,7 @@ def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(demo_es, tm
     from foxhunt.train.metrics import periods_per_year
     from foxhunt.train.tracking import NullLogger
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
     import bench_learning
 
     tiny = DQNConfig(hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4,
