@@ -131,28 +131,21 @@ def train_one(job: dict) -> tuple[str, str, list, float, Path]:
 
 def q_ensemble(checkpoints: list[Path], obs: Observation, device: torch.device):
     """The greedy policy on the mean expected Q-value of DQN checkpoints (one fold's, one per
-    seed), as the evaluator calls a policy: (bars, portfolios) -> branch actions."""
+    seed; each as a served checkpoint values states), as the evaluator calls a policy: (bars,
+    portfolios) -> branch actions."""
     from safetensors.torch import load_file
 
-    from foxhunt.train.agents.dqn import QNet, expected_q
+    from foxhunt.train.agents.dqn import served_q_values
     from foxhunt.train.policy import Policy
 
-    members = []
-    for ck in checkpoints:
-        cfg = Policy.load(ck).cfg
-        if cfg.distribution == "iqn":
-            sys.exit("--ensemble: IQN's expected values need sampled fractions; c51 or mean only")
-        tensors = load_file(str(ck), device=str(device))
-        net = QNet(cfg).to(device).eval()
-        net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
-        members.append((net, tensors["support.z"], cfg.distribution))
+    members = [served_q_values(Policy.config_of(ck)[1], load_file(str(ck), device=str(device)))
+               for ck in checkpoints]  # fmt: skip
     joint = joint_table(device)
 
     def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        with torch.no_grad():
-            x = obs(t, portfolio)
-            q = torch.stack([expected_q(n(x, None, noise=False), z, d) for n, z, d in members])
-        return joint.index_select(0, q.mean(0).argmax(-1))
+        x = obs(t, portfolio)
+        q = torch.stack([q_values(x) for q_values in members]).mean(0)
+        return joint.index_select(0, q.argmax(-1))
 
     return act
 

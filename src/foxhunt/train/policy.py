@@ -52,12 +52,11 @@ class Policy:
             self.memory_mean = tensors["norm.memory_mean"]
             self.memory_inv_std = tensors["norm.memory_inv_std"]
 
-    @classmethod
-    def load(cls, checkpoint: Path | str) -> Policy:
-        from safetensors.torch import load_file
-
-        checkpoint = Path(checkpoint)
-        doc = json.loads(checkpoint.with_suffix(".json").read_text())
+    @staticmethod
+    def config_of(checkpoint: Path | str) -> tuple[str, object, dict]:
+        """A checkpoint's model, its config for acting (the trainer's sizes and devices do not
+        matter there: eager, float32) and its `best.json`."""
+        doc = json.loads(Path(checkpoint).with_suffix(".json").read_text())
         # Checkpoints written before the agent interface name no model: they are DQN's.
         model = doc.get("model", "dqn")
         resolved = doc.get("resolved") or doc["resolved_dqn"]
@@ -65,8 +64,14 @@ class Policy:
         fields = {f.name for f in dataclasses.fields(config_cls)}
         raw = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()
                if k in fields}  # fmt: skip
-        # Sizes and devices of the trainer do not matter for acting: CPU, eager, float32.
         cfg = config_cls(**raw | {"capture": "eager", "precision": "fp32", "compile": False})
+        return model, cfg, doc
+
+    @classmethod
+    def load(cls, checkpoint: Path | str) -> Policy:
+        from safetensors.torch import load_file
+
+        model, cfg, doc = cls.config_of(checkpoint)
         episode_bars = doc.get("config", {}).get("env", {}).get("episode_bars")
         return cls(load_file(str(checkpoint)), model, cfg, doc.get("columns", []), episode_bars)
 

@@ -75,7 +75,9 @@ from foxhunt.train.env import (
     joint_table,
 )
 
-__all__ = ["IN_DIM", "STATE_DIM", "DQNConfig", "QNet", "RainbowAgent", "acting_net"]
+__all__ = [
+    "IN_DIM", "STATE_DIM", "DQNConfig", "QNet", "RainbowAgent", "acting_net", "served_q_values",
+]  # fmt: skip
 
 N_ACTIONS = len(JOINT)
 # (GPU, CPU) defaults of the sizes left at None: the standard workload on a GPU.
@@ -933,22 +935,34 @@ class RainbowAgent(AgentState):
 
 
 # ---------------------------------------------------------------------------------- serving
-def acting_net(cfg: DQNConfig, tensors: dict[str, torch.Tensor]):
-    """A checkpoint's greedy policy outside the trainer (CPU, float32): states [n, IN_DIM] ->
-    branch actions [n, 3]. IQN's greedy action averages quantiles at sampled fractions in
-    training; here the fractions are fixed midpoints, so a served IQN policy is deterministic."""
-    net = QNet(cfg)
+def served_q_values(cfg: DQNConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's expected Q-values outside the trainer (float32, on the tensors' device):
+    states [n, IN_DIM] -> [n, 30], one column a joint action. IQN's expectation averages
+    quantiles at sampled fractions in training; here the fractions are fixed midpoints, so a
+    served IQN network is deterministic."""
+    dev = tensors["support.z"].device
+    net = QNet(cfg).to(dev)
     net.load_state_dict({k[4:]: v for k, v in tensors.items() if k.startswith("net.")})
     net.eval()
-    z, joint, iqn = tensors["support.z"], joint_table(), cfg.distribution == "iqn"
+    z, iqn = tensors["support.z"], cfg.distribution == "iqn"
 
-    def act(state: torch.Tensor) -> torch.Tensor:
+    def q_values(state: torch.Tensor) -> torch.Tensor:
         taus = None
         if iqn:
             k = cfg.iqn_quantiles
-            taus = ((torch.arange(k) + 0.5) / k).expand(len(state), k)
+            taus = ((torch.arange(k, device=dev) + 0.5) / k).expand(len(state), k)
         with torch.no_grad():
-            out = net(state, taus, noise=False)
-        return joint[expected_q(out, z, cfg.distribution).argmax(-1)]
+            return expected_q(net(state, taus, noise=False), z, cfg.distribution)
+
+    return q_values
+
+
+def acting_net(cfg: DQNConfig, tensors: dict[str, torch.Tensor]):
+    """A checkpoint's greedy policy outside the trainer (CPU, float32): states [n, IN_DIM] ->
+    branch actions [n, 3], greedy on `served_q_values`."""
+    q_values, joint = served_q_values(cfg, tensors), joint_table()
+
+    def act(state: torch.Tensor) -> torch.Tensor:
+        return joint[q_values(state).argmax(-1)]
 
     return act
