@@ -16,7 +16,9 @@ instead (Rainbow's exploration: every head layer a second matmul, ~1.5x the netw
 their own widths), `-optfused` / `-optsingle` (the update uncompiled, Adam fused or one op at a
 time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercollect` (a
 compiled variant's collection step left uncompiled), `-nofold` (the dueling mean taken over the
-advantage layer's outputs, as on a CPU, rather than out of its weights), `-torchtarget` (C51's
+advantage layer's outputs, as on a CPU, rather than out of its weights), `-fullout` (the loss
+gathers the taken action's logits from the network's full output rather than reading them in
+place), `-torchtarget` (C51's
 projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_triton,
 `triton_target`),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
@@ -300,6 +302,16 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
         agent.net.align = agent.target.align = 1
     if "nofold" in opts:
         agent.net.fold_mean = agent.target.fold_mean = False
+    if "fullout" in opts:  # the loss gathers the taken action from the full output
+        full = agent.net.forward
+
+        def gathered(x, taus=None, noise=True, act=None):
+            out = full(x, taus, noise)
+            return (
+                out if act is None else out.gather(1, act[:, :, None].expand(-1, -1, out.shape[2]))
+            )
+
+        agent.net.forward = gathered
     if "eagercollect" in opts:  # the collection step uncompiled (captured all the same)
         agent.collect_fn = agent._collect_act
     for impl in ("fused", "single"):

@@ -337,6 +337,32 @@ def test_dueling_joint_head_has_zero_mean_advantage(align, fold_mean):
         torch.testing.assert_close(p, w)
 
 
+@pytest.mark.parametrize("distribution", ["c51", "mean"])
+@pytest.mark.parametrize("noisy", [False, True])
+@pytest.mark.parametrize("align,fold_mean", [(1, False), (8, False), (8, True)])
+def test_the_taken_actions_outputs_are_the_full_outputs_gathered(distribution, noisy, align,
+                                                                 fold_mean):  # fmt: skip
+    """QNet(..., act=a) (what the loss reads) gives the full output gathered at the taken
+    actions, bit for bit, and the same gradients: read in place from the padded advantage
+    output where the dueling mean is folded (the GPU's form), gathered otherwise."""
+    torch.manual_seed(0)
+    net = QNet(tiny(noisy=noisy, distribution=distribution), align=align,
+               fold_mean=fold_mean).double()  # fmt: skip
+    if noisy:
+        net.reset_noise()
+    x = torch.randn(9, IN_DIM, dtype=torch.float64)
+    act = torch.randint(0, N_ACTIONS, (9, 1))
+    out = net.out
+    got = net(x, act=act)
+    want = net(x).gather(1, act[:, :, None].expand(-1, -1, out))
+    assert got.shape == (9, 1, out) and torch.equal(got, want)
+    g = torch.randn_like(got)
+    params = list(net.parameters())
+    for a, b in zip(torch.autograd.grad((got * g).sum(), params),
+                    torch.autograd.grad((want * g).sum(), params), strict=True):  # fmt: skip
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
 def test_quantile_huber_against_a_loop():
     rng = np.random.default_rng(2)
     B, K, K2, nb = 3, 4, 5, 2

@@ -389,7 +389,12 @@ class QNet(nn.Module):
         return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
 
     def _out(
-        self, layer: nn.Module, x: torch.Tensor, noise: bool | str, center: bool = False
+        self,
+        layer: nn.Module,
+        x: torch.Tensor,
+        noise: bool | str,
+        center: bool = False,
+        sliced: bool = True,
     ) -> torch.Tensor:
         """A head's output layer. With align > 1 its width (51, 1530 for C51) is padded to a
         multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
@@ -400,10 +405,10 @@ class QNet(nn.Module):
         and bias first (the mean is linear in them). The same function as the dueling mean
         taken after the layer, without the passes over the [B, actions, out] outputs it costs
         in the forward and the backward. Noisy layers take the mean after (their noise differs
-        between actions)."""
+        between actions). sliced=False: a plain layer's padded output is returned whole."""
         if self.cfg.float32_outputs and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
-                return self._out(layer, x.float(), noise, center)
+                return self._out(layer, x.float(), noise, center, sliced)
         pad = -layer.out_features % self.align
         if isinstance(layer, NoisyLinear):
             return layer(x, noise, pad)
@@ -417,11 +422,19 @@ class QNet(nn.Module):
         if not pad:
             return F.linear(x, w, b)
         y = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(b, (0, pad)))
-        return y[:, : layer.out_features]
+        return y[:, : layer.out_features] if sliced else y
 
     def forward(
-        self, x: torch.Tensor, taus: torch.Tensor | None = None, noise: bool | str = True
+        self,
+        x: torch.Tensor,
+        taus: torch.Tensor | None = None,
+        noise: bool | str = True,
+        act: torch.Tensor | None = None,
     ) -> torch.Tensor:
+        """Logits [R, A, out] (C51; values for `mean`; quantiles [B, K, A] for IQN), or with
+        `act` [R, 1] (joint actions; C51 and `mean`) only the taken action's, [R, 1, out]: the
+        same numbers as gathering them from the full output, without forming it where the
+        dueling mean is folded (the loss's backward then writes one action's gradient, not 30)."""
         s = x
         for i, layer in enumerate(self.trunk):
             x = F.relu(layer(torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x))
@@ -434,13 +447,21 @@ class QNet(nn.Module):
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
         hv, ha = F.relu(self._call(self.head, x, noise)).chunk(2, dim=1)
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
-        if self.fold_mean and not isinstance(self.adv, NoisyLinear):  # see _out
+        folded = self.fold_mean and not isinstance(self.adv, NoisyLinear)
+        if act is not None and folded and not self.iqn:
+            # The taken action's outputs, read from the (padded) advantage output in place.
+            cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
+            a = self._out(self.adv, ha, noise, center=True, sliced=False).gather(1, cols)
+            return v + a.unsqueeze(1)
+        if folded:  # see _out
             q = v + self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
         else:
             a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
             q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
         if self.iqn:
             return q.view(B, K, self.n_act)
+        if act is not None:
+            return q.gather(1, act[:, :, None].expand(-1, -1, self.out))
         return q
 
 
@@ -809,8 +830,10 @@ class RainbowAgent(AgentState):
         disc = torch.pow(cfg.gamma, m.float())[:, None]  # [B, 1]; gamma^0 never occurs (m >= 1)
         act = (acts[:, 0] * self.joint_stride).sum(1)[:, None]  # [B, 1] joint action taken
         taus = self._taus(B)
+        # The loss reads the taken action's outputs alone, unless CQL's penalty needs them all.
+        taken = cfg.distribution != "iqn" and cfg.cql_alpha == 0
         with self._autocast():
-            out = self.net(s, taus)
+            out = self.net(s, taus, act=act if taken else None)
             with torch.no_grad():
                 tg2 = self.target(s2, self._taus(B))
                 on2 = self.net(s2, self._taus(B)) if cfg.double_q else tg2
@@ -826,7 +849,7 @@ class RainbowAgent(AgentState):
             per = quantile_huber(theta, target, taus)
             q_taken = theta.detach().mean()
         elif cfg.distribution == "mean":
-            q = out.float()[:, :, 0].gather(1, act)[:, 0]
+            q = (out if taken else out.gather(1, act[:, :, None])).float()[:, 0, 0]
             with torch.no_grad():
                 target = R + disc[:, 0] * tg2.float()[:, :, 0].gather(1, a2)[:, 0]
             td = q - target
@@ -834,7 +857,8 @@ class RainbowAgent(AgentState):
             q_taken = q.detach().mean()
         else:
             A = cfg.atoms
-            logp = F.log_softmax(out.float().gather(1, act[:, :, None].expand(-1, -1, A)), -1)
+            chosen = out if taken else out.gather(1, act[:, :, None].expand(-1, -1, A))
+            logp = F.log_softmax(chosen.float(), -1)  # [B, 1, A]
             with torch.no_grad():
                 target, clip = self.next_target(on2, tg2, R, disc, self.z)
                 clipped = clip.mean()
