@@ -538,6 +538,45 @@ def test_aligned_heads_give_the_unaligned_outputs_and_gradients(noisy):
         torch.testing.assert_close(b.grad, a.grad, msg=name)
 
 
+@pytest.mark.parametrize("noise", [True, False, "rows"])
+@pytest.mark.parametrize("noisy", [False, True])
+def test_the_gpu_forms_give_the_cpu_forms_outputs_and_gradients(noisy, noise):
+    """The GPU's network (padded widths, the dueling mean out of the advantage weights, noisy
+    layers run with their formed weights) against the CPU's in float64: the same outputs and
+    gradients for the shared noise sample, the mean weights and per-row noise (where noisy
+    layers keep their own form), and the taken actions' outputs read in place."""
+    torch.manual_seed(0)
+    cpu = QNet(tiny(noisy=noisy)).double()
+    gpu = QNet(tiny(noisy=noisy), align=8, fold_mean=True, noisy_weights=True).double()
+    cpu.reset_noise()
+    gpu.load_state_dict(cpu.state_dict())  # the shared noise buffers too
+    if noisy:
+        cpu.reset_row_noise(5)
+        for a, b in zip(cpu.noisy_layers(), gpu.noisy_layers(), strict=True):
+            b.row_noise(5)
+            b.row_in.copy_(a.row_in)
+            b.row_out.copy_(a.row_out)
+    x = torch.randn(5, IN_DIM, dtype=torch.float64)
+    act = torch.randint(0, N_ACTIONS, (5, 1))
+    out, got = cpu(x, noise=noise), gpu(x, noise=noise)
+    torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
+    for net, full in ((cpu, out), (gpu, got)):  # the dueling streams sum to the logits
+        v, a = net(x, noise=noise, parts=True)
+        torch.testing.assert_close(v + a, full, rtol=1e-12, atol=1e-12)
+    taken = gpu(x, noise=noise, act=act)
+    torch.testing.assert_close(taken, out.gather(1, act[:, :, None].expand(-1, -1, cpu.out)),
+                               rtol=1e-12, atol=1e-12)  # fmt: skip
+    w = torch.randn_like(out)
+    for want, have in zip(  # the mean weights leave the sigmas without a gradient
+        torch.autograd.grad((out * w).sum(), list(cpu.parameters()), allow_unused=True),
+        torch.autograd.grad((got * w).sum(), list(gpu.parameters()), allow_unused=True),
+        strict=True,
+    ):
+        assert (want is None) == (have is None)
+        if want is not None:
+            torch.testing.assert_close(have, want, rtol=1e-12, atol=1e-12)
+
+
 def test_flat_update_equals_clip_and_adam_per_parameter_and_polyak_target():
     """The agent's update over its flat buffer against torch's own per-parameter pieces:
     clip_grad_norm_, Adam on each tensor, and target <- target + tau (online - target)."""

@@ -319,6 +319,16 @@ class NoisyLinear(nn.Module):
     def out_features(self) -> int:
         return self.weight_mu.shape[0]
 
+    def weights(self, noise: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """The weight and bias of the shared sample (noise=True) or the mean weights (False):
+        mu_W + sigma_W * f(e_out) f(e_in)^T, formed at the weights' size. For a batch larger
+        than the layer (a learning step's 8,192 rows against its 128 inputs) one matmul with
+        them costs less than the two of `forward` and their passes over the outputs."""
+        if not noise:
+            return self.weight_mu, self.bias_mu
+        return (self.weight_mu + self.weight_sigma * torch.outer(self.eps_out, self.eps_in),
+                self.bias_mu + self.bias_sigma * self.eps_out)  # fmt: skip
+
     def forward(self, x: torch.Tensor, noise: bool | str = True, pad: int = 0) -> torch.Tensor:
         """noise: False (the mean weights), True (the shared sample) or "rows" (row i of x
         with its own sample, from reset_row_noise). `pad` extra output rows of zeros inside the
@@ -345,14 +355,18 @@ class QNet(nn.Module):
     IQN: takes quantile fractions taus [B, K] and returns quantiles [B, K, A].
 
     align > 1 pads the output layers' widths inside their matmuls; fold_mean takes the dueling
-    mean out of the advantage layer's weights (see _out). Both are for a GPU: they compute the
-    same function, rounded otherwise, so that on a CPU the network stays as it was."""
+    mean out of the advantage layer's weights (see _out); noisy_weights forms a noisy layer's
+    weights for the shared sample and runs one matmul with them (NoisyLinear.weights). All
+    three are for a GPU: they compute the same function, rounded otherwise, so that on a CPU
+    the network stays as it was."""
 
     def __init__(
-        self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1, fold_mean: bool = False
-    ):
+        self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1, fold_mean: bool = False,
+        noisy_weights: bool = False,
+    ):  # fmt: skip
         super().__init__()
         self.cfg, self.n_act, self.align, self.fold_mean = cfg, n_actions, align, fold_mean
+        self.noisy_weights = noisy_weights
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
         dims = (IN_DIM, *cfg.hidden)
@@ -385,8 +399,22 @@ class QNet(nn.Module):
     def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
         factorised_noise_([e for m in self.noisy_layers() for e in m.row_noise(rows)], generator)
 
+    def _formed(self, layer: nn.Module, noise: bool | str) -> bool:
+        """Whether `layer` runs as one matmul with its weight and bias (`_weights`): a plain
+        layer, or a noisy one with noisy_weights outside per-row noise."""
+        return not isinstance(layer, NoisyLinear) or (self.noisy_weights and noise != "rows")
+
+    def _weights(self, layer: nn.Module, noise: bool | str) -> tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(layer, NoisyLinear):
+            return layer.weights(bool(noise))
+        return layer.weight, layer.bias
+
     def _call(self, layer: nn.Module, x: torch.Tensor, noise: bool | str) -> torch.Tensor:
-        return layer(x, noise) if isinstance(layer, NoisyLinear) else layer(x)
+        if not isinstance(layer, NoisyLinear):
+            return layer(x)
+        if not self._formed(layer, noise):
+            return layer(x, noise)
+        return F.linear(x, *self._weights(layer, noise))
 
     def _out(
         self,
@@ -400,21 +428,22 @@ class QNet(nn.Module):
         multiple of align inside the matmul: on unaligned widths cuBLAS falls back to slow
         kernels, in the backward pass as well. In float32 with `float32_outputs`.
 
-        center (the advantage layer, plain): the layer's outputs less their mean over the
-        actions, a - mean_a(a), computed as one matmul with the mean taken out of the weights
-        and bias first (the mean is linear in them). The same function as the dueling mean
-        taken after the layer, without the passes over the [B, actions, out] outputs it costs
-        in the forward and the backward. Noisy layers take the mean after (their noise differs
-        between actions). sliced=False: a plain layer's padded output is returned whole."""
+        center (the advantage layer, run as one matmul: `_formed`): the layer's outputs less
+        their mean over the actions, a - mean_a(a), computed as one matmul with the mean taken
+        out of the weights and bias first (the mean is linear in them). The same function as
+        the dueling mean taken after the layer, without the passes over the [B, actions, out]
+        outputs it costs in the forward and the backward. A noisy layer with per-row noise
+        takes the mean after (its weights differ between rows). sliced=False: the padded
+        output is returned whole."""
         if self.cfg.float32_outputs and torch.is_autocast_enabled(x.device.type):
             with torch.autocast(x.device.type, enabled=False):
                 return self._out(layer, x.float(), noise, center, sliced)
         pad = -layer.out_features % self.align
-        if isinstance(layer, NoisyLinear):
+        if not self._formed(layer, noise):
             return layer(x, noise, pad)
+        w, b = self._weights(layer, noise)
         if not (pad or center):
-            return layer(x)
-        w, b = layer.weight, layer.bias
+            return F.linear(x, w, b) if isinstance(layer, NoisyLinear) else layer(x)
         if center:
             wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
             w = (wa - wa.mean(0, keepdim=True)).view_as(w)
@@ -430,11 +459,16 @@ class QNet(nn.Module):
         taus: torch.Tensor | None = None,
         noise: bool | str = True,
         act: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        parts: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [R, A, out] (C51; values for `mean`; quantiles [B, K, A] for IQN), or with
         `act` [R, 1] (joint actions; C51 and `mean`) only the taken action's, [R, 1, out]: the
         same numbers as gathering them from the full output, without forming it where the
-        dueling mean is folded (the loss's backward then writes one action's gradient, not 30)."""
+        dueling mean is folded (the loss's backward then writes one action's gradient, not 30).
+        With `parts` (C51 and `mean`), the dueling streams whose sum the logits are: the value
+        [R, 1, out] and the advantage less its mean over the actions [R, A, out], which is
+        where the mean is folded a view of the advantage layer's (padded) output
+        (c51_triton.next_target reads them so)."""
         s = x
         for i, layer in enumerate(self.trunk):
             x = F.relu(layer(torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x))
@@ -447,16 +481,22 @@ class QNet(nn.Module):
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
         hv, ha = F.relu(self._call(self.head, x, noise)).chunk(2, dim=1)
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
-        folded = self.fold_mean and not isinstance(self.adv, NoisyLinear)
+        folded = self.fold_mean and self._formed(self.adv, noise)
         if act is not None and folded and not self.iqn:
             # The taken action's outputs, read from the (padded) advantage output in place.
             cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
             a = self._out(self.adv, ha, noise, center=True, sliced=False).gather(1, cols)
             return v + a.unsqueeze(1)
+        parts = parts and not self.iqn
         if folded:  # see _out
-            q = v + self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
+            a = self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
+            if parts:
+                return v, a
+            q = v + a
         else:
             a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
+            if parts:
+                return v, a - a.mean(1, keepdim=True)
             q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
         if self.iqn:
             return q.view(B, K, self.n_act)
@@ -605,10 +645,11 @@ class RainbowAgent(AgentState):
         # from the agent's own generator, seeded per fold: agents trained side by side in one
         # process draw what each would alone.
         self.gen = torch.Generator(dev).manual_seed(seed)
-        # On a GPU the heads' output widths are padded inside their matmuls and the dueling mean
-        # is taken out of the advantage layer's weights (see QNet._out).
+        # On a GPU the heads' output widths are padded inside their matmuls, the dueling mean
+        # is taken out of the advantage layer's weights and noisy layers form their weights
+        # (see QNet).
         gpu = dev.type == "cuda"
-        self.net = QNet(cfg, align=8 if gpu else 1, fold_mean=gpu).to(dev)
+        self.net = QNet(cfg, align=8 if gpu else 1, fold_mean=gpu, noisy_weights=gpu).to(dev)
         self.params = list(self.net.parameters())
         # All weights live in one flat buffer and the modules' parameters are views of it, so
         # that clipping, Adam and the target update are each one kernel over one tensor (on a
@@ -832,11 +873,13 @@ class RainbowAgent(AgentState):
         taus = self._taus(B)
         # The loss reads the taken action's outputs alone, unless CQL's penalty needs them all.
         taken = cfg.distribution != "iqn" and cfg.cql_alpha == 0
+        # C51's Triton target reads the next states' dueling streams rather than their logits.
+        parts = cfg.distribution == "c51" and self.next_target is c51_triton.next_target
         with self._autocast():
             out = self.net(s, taus, act=act if taken else None)
             with torch.no_grad():
-                tg2 = self.target(s2, self._taus(B))
-                on2 = self.net(s2, self._taus(B)) if cfg.double_q else tg2
+                tg2 = self.target(s2, self._taus(B), parts=parts)
+                on2 = self.net(s2, self._taus(B), parts=parts) if cfg.double_q else tg2
         with torch.no_grad():
             a2 = None if cfg.distribution == "c51" else self.q_values(on2).argmax(-1, keepdim=True)
         clipped = torch.zeros((), device=self.device)
