@@ -132,6 +132,29 @@ def test_the_triton_c51_target_computes_the_torch_forms_numbers(dtype):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_triton_c51_target_reads_a_real_action_where_the_online_logits_are_nan():
+    """Online logits of NaN (what a capture's warm-up on an empty replay computes) leave the
+    choice undefined, but the target must still be one real action's projection: a choice
+    past the 30 actions would read the next row (here a row of other values) or past the
+    tensor's end."""
+    from foxhunt.train.agents import c51_triton
+    from foxhunt.train.agents.dqn import project_c51
+
+    g = torch.Generator("cuda").manual_seed(0)
+    B, A, N = 64, 30, 51
+    on = torch.full((B, A * N + 6), float("nan"), device="cuda")[:, : A * N].view(B, A, N)
+    tg = torch.randn(B, A * N + 6, device="cuda", generator=g)[:, : A * N].view(B, A, N)
+    R = torch.randn(B, device="cuda", generator=g) * 0.3
+    disc = torch.full((B, 1), 0.9, device="cuda")
+    z = torch.linspace(-1.0, 1.0, N, device="cuda")
+    target, _ = c51_triton.next_target(on, tg, R, disc, z)
+    each = torch.stack([project_c51(torch.softmax(tg[:, k : k + 1], -1), R[:, None], disc, z)[0]
+                        for k in range(A)], 1)  # [B, A, 1, N]  # fmt: skip
+    close = ((each - target[:, None]).abs() <= 1e-5).all(-1)[..., 0]  # [B, A]
+    assert bool(close.any(1).all()), (~close.any(1)).nonzero()[:5]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_triton_c51_target_trains_as_the_torch_form_within_float_tolerance():
     """One epoch with one learning step, the agent with the fused target against the torch
     form (as the compiled check above)."""

@@ -75,6 +75,10 @@ if triton is not None:
         e = tl.exp(q - tl.max(q, 1)[:, None])
         ev = tl.sum(e / tl.sum(e, 1)[:, None] * z[None, :], 1)  # [BA]
         a2 = tl.argmax(tl.where(am, ev, float("-inf")), 0)  # the first of equal maxima
+        # Never past the actions: where the logits hold a NaN (a capture's warm-up steps on an
+        # empty replay train on 0/0 importance weights; their state is restored after) the
+        # argmax may land on a padded row, and its read would leave the tensor.
+        a2 = tl.minimum(a2, A - 1)
         # The target net's distribution of the chosen action.
         t = tl.load(vtg_ptr + b * s_vtg_b + n * s_vtg_n, mask=nm, other=0.0).to(tl.float32)
         t += tl.load(atg_ptr + b * s_atg_b + a2 * s_atg_a + n * s_atg_n, mask=nm,
