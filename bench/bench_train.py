@@ -18,7 +18,8 @@ time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercolle
 compiled variant's collection step left uncompiled), `-nofold` (the dueling mean taken over the
 advantage layer's outputs, as on a CPU, rather than out of its weights), `-noisysplit` (noisy
 layers as two matmuls with the noise applied to their outputs, as on a CPU, rather than one
-with their weights formed for the shared sample), `-fullout` (the loss
+with their weights formed for the shared sample), `-logits` (C51's Triton target given the next
+states' logits rather than their dueling streams), `-fullout` (the loss
 gathers the taken action's logits from the network's full output rather than reading them in
 place), `-torchtarget` (C51's
 projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_triton,
@@ -53,6 +54,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import statistics
@@ -65,7 +67,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import results_path, standard_market
-from foxhunt.train.agents import AGENTS
+from foxhunt.train.agents import AGENTS, c51_triton
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
@@ -304,6 +306,8 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
         agent.net.align = agent.target.align = 1
     if "nofold" in opts:
         agent.net.fold_mean = agent.target.fold_mean = False
+    if "logits" in opts:  # the Triton target given the next states' logits, not their streams
+        agent.next_target = functools.partial(c51_triton.next_target)
     if "noisysplit" in opts:  # noisy layers as two matmuls, the noise applied to their outputs
         agent.net.noisy_weights = agent.target.noisy_weights = False
     if "fullout" in opts:  # the loss gathers the taken action from the full output

@@ -560,6 +560,9 @@ def test_the_gpu_forms_give_the_cpu_forms_outputs_and_gradients(noisy, noise):
     act = torch.randint(0, N_ACTIONS, (5, 1))
     out, got = cpu(x, noise=noise), gpu(x, noise=noise)
     torch.testing.assert_close(got, out, rtol=1e-12, atol=1e-12)
+    for net, full in ((cpu, out), (gpu, got)):  # the dueling streams sum to the logits
+        v, a = net(x, noise=noise, parts=True)
+        torch.testing.assert_close(v + a, full, rtol=1e-12, atol=1e-12)
     taken = gpu(x, noise=noise, act=act)
     torch.testing.assert_close(taken, out.gather(1, act[:, :, None].expand(-1, -1, cpu.out)),
                                rtol=1e-12, atol=1e-12)  # fmt: skip

@@ -90,30 +90,68 @@ def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_triton_c51_target_computes_the_torch_forms_numbers(dtype):
     """c51_triton.next_target against dqn.c51_next_target (the torch form, itself tested
-    against Bellemare et al.'s projection): the same targets to float rounding on every
-    sample, on logits with the heads' padded strides, targets inside and outside the
-    support, and at the standard batch."""
+    against Bellemare et al.'s projection), given the logits or the dueling streams (value and
+    advantage, the advantage a view with the heads' padded row stride): the same targets to
+    float rounding on every sample whose best two actions' expected values are not within
+    float rounding of each other, and on the others the target of one of those two; targets
+    inside and outside the support, and at the standard batch."""
     from foxhunt.train.agents import c51_triton
-    from foxhunt.train.agents.dqn import c51_next_target
+    from foxhunt.train.agents.dqn import c51_next_target, expected_q, project_c51
 
     g = torch.Generator("cuda").manual_seed(0)
     for B, A, N in ((8192, 30, 51), (1000, 30, 51), (77, 5, 11)):
-        pad = torch.randn(B, A * N + 6, device="cuda", generator=g, dtype=dtype) * 3
-        on2 = pad[:, : A * N].view(B, A, N)  # a view with the heads' row stride
-        tg2 = torch.randn(B, A, N, device="cuda", generator=g).to(dtype) * 3
+
+        def streams(B=B, A=A, N=N):
+            pad = torch.randn(B, A * N + 6, device="cuda", generator=g, dtype=dtype) * 3
+            v = torch.randn(B, N + 5, device="cuda", generator=g).to(dtype)[:, None, :N]
+            return v, pad[:, : A * N].view(B, A, N)  # a view with the heads' row stride
+
+        on, tg = streams(), streams()
+        on2, tg2 = on[0] + on[1], tg[0] + tg[1]  # the logits, as torch adds the streams
         R = torch.randn(B, device="cuda", generator=g) * 0.7
         R[:5] = torch.tensor([5.0, -5.0, 0.0, 1.0, -1.0])  # wholly or exactly at the ends
         disc = torch.rand(B, 1, device="cuda", generator=g)
         z = torch.linspace(-1.0, 1.0, N, device="cuda")
-        target, clip = c51_triton.next_target(on2, tg2, R, disc, z)
         ref, ref_clip = c51_next_target(on2, tg2, R, disc, z)
-        assert target.shape == ref.shape and clip.shape == ref_clip.shape
-        # Both take the next action from the same torch code (dqn.expected_q): every row.
-        torch.testing.assert_close(target, ref, rtol=0, atol=1e-5)
-        torch.testing.assert_close(clip, ref_clip, rtol=0, atol=1e-5)
-        torch.testing.assert_close(target.sum(-1), torch.ones(B, 1, device="cuda"), rtol=0,
-                                   atol=1e-5)  # fmt: skip
-        assert clip[0].item() == pytest.approx(1.0) and clip[1].item() == pytest.approx(1.0)
+        # The target of the runner-up action, for samples whose best two are a near tie.
+        top = expected_q(on2, z, "c51").topk(2, -1)
+        near = (top.values[:, 0] - top.values[:, 1]) < 1e-5
+        p2 = torch.softmax(tg2.float().gather(1, top.indices[:, 1:, None].expand(-1, -1, N)), -1)
+        alt, _ = project_c51(p2, R[:, None], disc, z)
+        assert near.float().mean() < 1e-3
+        for given in ((on2, tg2), (on, tg)):
+            target, clip = c51_triton.next_target(*given, R, disc, z)
+            assert target.shape == ref.shape and clip.shape == ref_clip.shape
+            same = ((target - ref).abs() <= 1e-5).all(-1)[:, 0]
+            other = near & ((target - alt).abs() <= 1e-5).all(-1)[:, 0]
+            assert bool((same | other).all()), (~(same | other)).nonzero()[:5]
+            torch.testing.assert_close(clip[same], ref_clip[same], rtol=0, atol=1e-5)
+            torch.testing.assert_close(target.sum(-1), torch.ones(B, 1, device="cuda"),
+                                       rtol=0, atol=1e-5)  # fmt: skip
+            assert clip[0].item() == pytest.approx(1.0) and clip[1].item() == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_triton_c51_target_reads_a_real_action_where_the_online_logits_are_nan():
+    """Online logits of NaN (what a capture's warm-up on an empty replay computes) leave the
+    choice undefined, but the target must still be one real action's projection: a choice
+    past the 30 actions would read the next row (here a row of other values) or past the
+    tensor's end."""
+    from foxhunt.train.agents import c51_triton
+    from foxhunt.train.agents.dqn import project_c51
+
+    g = torch.Generator("cuda").manual_seed(0)
+    B, A, N = 64, 30, 51
+    on = torch.full((B, A * N + 6), float("nan"), device="cuda")[:, : A * N].view(B, A, N)
+    tg = torch.randn(B, A * N + 6, device="cuda", generator=g)[:, : A * N].view(B, A, N)
+    R = torch.randn(B, device="cuda", generator=g) * 0.3
+    disc = torch.full((B, 1), 0.9, device="cuda")
+    z = torch.linspace(-1.0, 1.0, N, device="cuda")
+    target, _ = c51_triton.next_target(on, tg, R, disc, z)
+    each = torch.stack([project_c51(torch.softmax(tg[:, k : k + 1], -1), R[:, None], disc, z)[0]
+                        for k in range(A)], 1)  # [B, A, 1, N]  # fmt: skip
+    close = ((each - target[:, None]).abs() <= 1e-5).all(-1)[..., 0]  # [B, A]
+    assert bool(close.any(1).all()), (~close.any(1)).nonzero()[:5]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -1,26 +1,28 @@
-"""C51's projection of the next-state distribution in one Triton kernel (CUDA only).
+"""C51's next-state target in one Triton kernel (CUDA only).
 
-`next_target` computes what `dqn.c51_next_target` does in torch: the double-Q choice of the
-next action (the online logits' expected value under the support, argmax over the actions;
-left to torch, which inductor fuses into one kernel when the loss is compiled), then in one
-kernel the target network's distribution of that action (gather and softmax) and its
-projection onto the support shifted to R + disc * z (Bellemare et al.'s Algorithm 1, in the
-dense form of `dqn.project_c51`). In torch that part writes a [B, 51, 51] weight matrix to
-memory and multiplies it by a batched matrix-vector kernel: ~100 us a learning step on an H200
-at batch 8,192 (a 60 us gemv, a 24 us kernel for the matrix, 16 us for the gather and
-softmax). Here each sample's weights are computed in registers where they are used, and only
-the [B, 51] target is written. The standard epoch (H200, 2026-12-03, one call, each variant
-built twice and timed in turn, `bench/bench_train.py --variants
-graph-bf16-compile-torchtarget,graph-bf16-compile,...`): 0.342 s against 0.367 s with the
-torch form, at 2 samples and 4 warps a program; 0.336 s at 1 sample and 1 warp (BLOCK_B;
-a later call). The kernel alone: `bench/bench_c51_kernel.py`.
+`next_target` computes what `dqn.c51_next_target` does in torch, for each sample in one
+program: the double-Q choice of the next action (the online logits' expected value under the
+support, argmax over the actions), the target network's distribution of that action (gather
+and softmax), and its projection onto the support shifted to R + disc * z (Bellemare et al.'s
+Algorithm 1, in the dense form of `dqn.project_c51`). In torch the projection writes a
+[B, 51, 51] weight matrix to memory and multiplies it by a batched matrix-vector kernel (~100 us
+a learning step on an H200 at batch 8,192), and the choice reads the online logits whole
+([B, 30, 51], formed from the dueling streams first: a 54 us kernel, inductor's, on the same
+machine, 2026-12-04). Here each sample's weights are computed in registers where they are used,
+and only the [B, 51] target is written.
+
+The networks' outputs may come as their dueling streams, a pair (value [B, 1, atoms],
+advantage [B, A, atoms] with the dueling mean already out: `QNet(..., parts=True)`), which the
+kernel adds as torch would (in their dtype: a bf16 sum is rounded to bf16), so that the logits
+[B, A, atoms] are never written; or as the logits themselves.
 
 Same arithmetic as the torch form in float32, summed in another order: the targets agree to
-float rounding (tests/test_train_gpu.py). The kernel has no atomics, so a run is as
-deterministic as the torch form, and eager and captured runs stay bit-identical (both launch
-this kernel; tested). Registered as a `torch.library.triton_op`, so torch.compile traces
-through it and CUDA graphs capture it. There is no vmap rule: the stacked agents (dqn_stacked)
-use the torch form.
+float rounding, and the choice too except where two actions' expected values are that close
+(tests/test_train_gpu.py). The kernel has no atomics, so a run is as deterministic as the torch
+form, and eager and captured runs stay bit-identical (both launch this kernel; tested).
+Registered as a `torch.library.triton_op`, so torch.compile traces through it and CUDA graphs
+capture it. There is no vmap rule: the stacked agents (dqn_stacked) use the torch form. The
+kernel alone: `bench/bench_c51_kernel.py`.
 
 `available()` says whether it can run: Triton installed (it ships with torch's CUDA builds)
 and a CUDA device.
@@ -44,75 +46,105 @@ def available() -> bool:
     return triton is not None and torch.cuda.is_available()
 
 
-BLOCK_B = 1
-"""Samples a program projects: a [1, 64, 64] tile of weights in the registers of one warp
-(NUM_WARPS). At batch 8,192 on an H200 (2026-12-03, the network's bf16 output with padded
-strides and contiguous, in a CUDA graph; `bench/bench_c51_kernel.py`): 12.5 us; 1 sample and
-2-8 warps 20-50 us; 2 samples and 1-4 warps 12.4-22 us (4 warps was the first choice: 22 us);
-4 and 8 samples 19-565 us."""
 NUM_WARPS = 1
+"""Warps a program (one sample). See bench/bench_c51_kernel.py."""
 
 if triton is not None:
 
     @triton.jit
-    def _project_kernel(
-        tg_ptr, a_ptr, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr,
-        B, N, s_tb, s_ta, s_tn,
-        BLOCK_B: tl.constexpr, BLOCK_N: tl.constexpr,
+    def _target_kernel(
+        von_ptr, aon_ptr, vtg_ptr, atg_ptr, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr, A, N,
+        s_von_b, s_von_n, s_aon_b, s_aon_a, s_aon_n,
+        s_vtg_b, s_vtg_n, s_atg_b, s_atg_a, s_atg_n,
+        BLOCK_A: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
     ):  # fmt: skip
-        b = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)  # [BB]
-        n = tl.arange(0, BLOCK_N)  # [BN]: the atoms, as j (source) and as i (target)
-        bm, nm = b < B, n < N
-        # The target net's distribution of the chosen action.
-        a2 = tl.load(a_ptr + b, mask=bm, other=0)
-        t = tl.load(
-            tg_ptr + b[:, None] * s_tb + a2[:, None] * s_ta + n[None, :] * s_tn,
-            mask=bm[:, None] & nm[None, :], other=-1e30,
-        ).to(tl.float32)  # fmt: skip
-        e = tl.exp(t - tl.max(t, 1)[:, None])
-        p = e / tl.sum(e, 1)[:, None]  # [BB, BN(j)]; 0 on the padded atoms
-        # Projection onto z of the support shifted to R + disc * z.
-        r = tl.load(r_ptr + b, mask=bm, other=0.0)
-        d = tl.load(disc_ptr + b, mask=bm, other=0.0)
+        b = tl.program_id(0).to(tl.int64)
+        a = tl.arange(0, BLOCK_A)  # the actions
+        n = tl.arange(0, BLOCK_N)  # the atoms, as j (source) and as i (target)
+        am, nm = a < A, n < N
         z = tl.load(z_ptr + n, mask=nm, other=0.0)
+        # The double-Q choice: the online logits' expected value under z, argmax over actions.
+        v = tl.load(von_ptr + b * s_von_b + n * s_von_n, mask=nm, other=0.0).to(tl.float32)
+        q = v[None, :] + tl.load(
+            aon_ptr + b * s_aon_b + a[:, None] * s_aon_a + n[None, :] * s_aon_n,
+            mask=am[:, None] & nm[None, :], other=0.0,
+        ).to(tl.float32)  # fmt: skip
+        if ROUND:  # the streams' sum in bf16, as torch adds them
+            q = q.to(tl.bfloat16).to(tl.float32)
+        q = tl.where(nm[None, :], q, float("-inf"))
+        e = tl.exp(q - tl.max(q, 1)[:, None])
+        ev = tl.sum(e / tl.sum(e, 1)[:, None] * z[None, :], 1)  # [BA]
+        a2 = tl.argmax(tl.where(am, ev, float("-inf")), 0)  # the first of equal maxima
+        # Never past the actions: where the logits hold a NaN (a capture's warm-up steps on an
+        # empty replay train on 0/0 importance weights; their state is restored after) the
+        # argmax may land on a padded row, and its read would leave the tensor.
+        a2 = tl.minimum(a2, A - 1)
+        # The target net's distribution of the chosen action.
+        t = tl.load(vtg_ptr + b * s_vtg_b + n * s_vtg_n, mask=nm, other=0.0).to(tl.float32)
+        t += tl.load(atg_ptr + b * s_atg_b + a2 * s_atg_a + n * s_atg_n, mask=nm,
+                     other=0.0).to(tl.float32)  # fmt: skip
+        if ROUND:
+            t = t.to(tl.bfloat16).to(tl.float32)
+        t = tl.where(nm, t, float("-inf"))
+        e = tl.exp(t - tl.max(t, 0))
+        p = e / tl.sum(e, 0)  # [BN(j)]; 0 on the padded atoms
+        # Projection onto z of the support shifted to R + disc * z.
+        r = tl.load(r_ptr + b)
+        d = tl.load(disc_ptr + b)
         v_min = tl.load(z_ptr)
         v_max = tl.load(z_ptr + N - 1)
         dz = (v_max - v_min) / (N - 1)
-        tz = r[:, None] + d[:, None] * z[None, :]  # [BB, BN(j)]
-        outside = ((tz < v_min) | (tz > v_max)) & nm[None, :]
-        clip = tl.sum(tl.where(outside, p, 0.0), 1)
+        tz = r + d * z  # [BN(j)]
+        outside = ((tz < v_min) | (tz > v_max)) & nm
+        clip = tl.sum(tl.where(outside, p, 0.0), 0)
         pos = (tl.minimum(tl.maximum(tz, v_min), v_max) - v_min) / dz
         i = n.to(tl.float32)
-        w = tl.maximum(1.0 - tl.abs(pos[:, :, None] - i[None, None, :]), 0.0)  # [BB, j, i]
-        proj = tl.sum(p[:, :, None] * w, 1)  # [BB, BN(i)]
-        tl.store(out_ptr + b[:, None] * N + n[None, :], proj, mask=bm[:, None] & nm[None, :])
-        tl.store(clip_ptr + b, clip, mask=bm)
+        w = tl.maximum(1.0 - tl.abs(pos[:, None] - i[None, :]), 0.0)  # [j, i]
+        proj = tl.sum(p[:, None] * w, 0)  # [BN(i)]
+        tl.store(out_ptr + b * N + n, proj, mask=nm)
+        tl.store(clip_ptr + b, clip)
 
-    @torch.library.triton_op("foxhunt::c51_project", mutates_args=())
-    def _project_op(
-        tg2: torch.Tensor, a2: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        B, _, N = tg2.shape
-        out = torch.empty(B, 1, N, device=tg2.device, dtype=torch.float32)
-        clip = torch.empty(B, 1, device=tg2.device, dtype=torch.float32)
-        torch.library.wrap_triton(_project_kernel)[(triton.cdiv(B, BLOCK_B),)](
-            tg2, a2, R, disc, z, out, clip, B, N, *tg2.stride(),
-            BLOCK_B=BLOCK_B, BLOCK_N=triton.next_power_of_2(N), num_warps=NUM_WARPS,
+    @torch.library.triton_op("foxhunt::c51_target", mutates_args=())
+    def _target_op(
+        v_on: torch.Tensor, a_on: torch.Tensor, v_tg: torch.Tensor, a_tg: torch.Tensor,
+        R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        B, A, N = a_on.shape
+        out = torch.empty(B, 1, N, device=a_on.device, dtype=torch.float32)
+        clip = torch.empty(B, 1, device=a_on.device, dtype=torch.float32)
+        rounds = torch.promote_types(v_on.dtype, a_on.dtype) == torch.bfloat16
+        torch.library.wrap_triton(_target_kernel)[(B,)](
+            v_on, a_on, v_tg, a_tg, R, disc, z, out, clip, A, N,
+            v_on.stride(0), v_on.stride(2), *a_on.stride(),
+            v_tg.stride(0), v_tg.stride(2), *a_tg.stride(),
+            BLOCK_A=triton.next_power_of_2(A), BLOCK_N=triton.next_power_of_2(N),
+            ROUND=rounds, num_warps=NUM_WARPS,
         )  # fmt: skip
         return out, clip
 
 
+Logits = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+
+
+def _streams(x: Logits) -> tuple[torch.Tensor, torch.Tensor]:
+    """(value [B, 1, N], advantage [B, A, N]) of a network's output: the pair itself, or the
+    logits beside a value of zeros (no memory: stride 0), whose sum is the logits exactly."""
+    if isinstance(x, tuple):
+        return x
+    return x.new_zeros(1, 1, x.shape[2]).expand(x.shape[0], 1, -1), x
+
+
 def next_target(
-    on2: torch.Tensor, tg2: torch.Tensor, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor
+    on2: Logits, tg2: Logits, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`dqn.c51_next_target` with the gather, softmax and projection in one kernel: on2, tg2
-    [B, A, atoms] (any float dtype, any strides), R [B], disc [B, 1], z [atoms] float32.
-    Returns the target distribution [B, 1, atoms] and the target mass clipped at the support's
-    ends [B, 1], float32."""
+    """`dqn.c51_next_target` in one kernel: on2, tg2 the online and target networks' logits
+    [B, A, atoms] or their dueling streams (see the module docstring; any float dtype, any
+    strides), R [B], disc [B, 1], z [atoms] float32. Returns the target distribution
+    [B, 1, atoms] and the target mass clipped at the support's ends [B, 1], float32."""
     if not available():
         raise RuntimeError("c51_triton.next_target needs Triton and a CUDA device")
-    from foxhunt.train.agents.dqn import expected_q  # dqn imports this module
-
-    a2 = expected_q(on2, z, "c51").argmax(-1)  # [B]
-    return _project_op(tg2, a2, R.float().contiguous(), disc.float().reshape(-1).contiguous(),
-                       z.float().contiguous())  # fmt: skip
+    (v_on, a_on), (v_tg, a_tg) = _streams(on2), _streams(tg2)
+    if {v_on.dtype, a_on.dtype} != {v_tg.dtype, a_tg.dtype}:
+        raise ValueError("c51_triton.next_target: the online and target logits' dtypes differ")
+    return _target_op(v_on, a_on, v_tg, a_tg, R.float().contiguous(),
+                      disc.float().reshape(-1).contiguous(), z.float().contiguous())  # fmt: skip

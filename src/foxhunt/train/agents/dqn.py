@@ -459,11 +459,16 @@ class QNet(nn.Module):
         taus: torch.Tensor | None = None,
         noise: bool | str = True,
         act: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+        parts: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Logits [R, A, out] (C51; values for `mean`; quantiles [B, K, A] for IQN), or with
         `act` [R, 1] (joint actions; C51 and `mean`) only the taken action's, [R, 1, out]: the
         same numbers as gathering them from the full output, without forming it where the
-        dueling mean is folded (the loss's backward then writes one action's gradient, not 30)."""
+        dueling mean is folded (the loss's backward then writes one action's gradient, not 30).
+        With `parts` (C51 and `mean`), the dueling streams whose sum the logits are: the value
+        [R, 1, out] and the advantage less its mean over the actions [R, A, out], which is
+        where the mean is folded a view of the advantage layer's (padded) output
+        (c51_triton.next_target reads them so)."""
         s = x
         for i, layer in enumerate(self.trunk):
             x = F.relu(layer(torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x))
@@ -482,10 +487,16 @@ class QNet(nn.Module):
             cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
             a = self._out(self.adv, ha, noise, center=True, sliced=False).gather(1, cols)
             return v + a.unsqueeze(1)
+        parts = parts and not self.iqn
         if folded:  # see _out
-            q = v + self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
+            a = self._out(self.adv, ha, noise, center=True).view(-1, self.n_act, self.out)
+            if parts:
+                return v, a
+            q = v + a
         else:
             a = self._out(self.adv, ha, noise).view(-1, self.n_act, self.out)
+            if parts:
+                return v, a - a.mean(1, keepdim=True)
             q = v + a - a.mean(1, keepdim=True)  # [R, A, out]
         if self.iqn:
             return q.view(B, K, self.n_act)
@@ -862,11 +873,13 @@ class RainbowAgent(AgentState):
         taus = self._taus(B)
         # The loss reads the taken action's outputs alone, unless CQL's penalty needs them all.
         taken = cfg.distribution != "iqn" and cfg.cql_alpha == 0
+        # C51's Triton target reads the next states' dueling streams rather than their logits.
+        parts = cfg.distribution == "c51" and self.next_target is c51_triton.next_target
         with self._autocast():
             out = self.net(s, taus, act=act if taken else None)
             with torch.no_grad():
-                tg2 = self.target(s2, self._taus(B))
-                on2 = self.net(s2, self._taus(B)) if cfg.double_q else tg2
+                tg2 = self.target(s2, self._taus(B), parts=parts)
+                on2 = self.net(s2, self._taus(B), parts=parts) if cfg.double_q else tg2
         with torch.no_grad():
             a2 = None if cfg.distribution == "c51" else self.q_values(on2).argmax(-1, keepdim=True)
         clipped = torch.zeros((), device=self.device)
