@@ -77,6 +77,10 @@ STACKED = {
     "dense-nstep-cql-online-decay": DQNConfig(**SMALL_DQN, dense_inputs=True, n_step=3,
                                               cql_alpha=0.1, act_with="online",
                                               weight_decay=0.5),
+    # noisy nets: drawn per env while collecting, and one shared sample with dense inputs
+    "noisy-per-env": DQNConfig(**SMALL_DQN, noisy=True, epsilon=0.0, noise_per_env=True),
+    "noisy-dense": DQNConfig(**SMALL_DQN, noisy=True, epsilon=0.0, noise_per_env=False,
+                             dense_inputs=True),
 }  # fmt: skip
 # (`distribution="mean"` stacks too, but not bit for bit on a CPU: its value layer is one
 # output wide, and a batched product that narrow runs another kernel than a lone one.)
@@ -158,10 +162,7 @@ def test_what_cannot_be_stacked_is_refused_with_the_reason():
 
     with pytest.raises(ValueError, match="configurations differ"):
         Cohort([agent(1), agent(2, lr=3e-4)], stacked=True)
-    with pytest.raises(ValueError, match="noisy nets and IQN"):
-        Cohort([agent(1, noisy=True, epsilon=0.0), agent(2, noisy=True, epsilon=0.0)],
-               stacked=True)  # fmt: skip
-    with pytest.raises(ValueError, match="noisy nets and IQN"):
+    with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
         Cohort([agent(1, distribution="iqn"), agent(2, distribution="iqn")], stacked=True)
     ppo = PPOAgent(PPOConfig(envs=64, rollout_steps=8), EnvConfig(), data, seed=3)
     with pytest.raises(ValueError, match="Rainbow DQN"):

@@ -419,15 +419,21 @@ def test_captured_evaluation_in_pieces_gives_the_sequential_walk(compile_):
         assert torch.equal(pieces.last_positions, walk.last_positions)
 
 
-def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, learn_steps=24):
+NOISY = {"noisy": True, "epsilon": 0.0, "noise_per_env": True}
+
+
+def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, learn_steps=24,
+                **kw):  # fmt: skip
     """Agents of one configuration stacked (foxhunt.train.agents.dqn_stacked), epsilon-greedy
-    C51 with 3-step returns: each agent's statistics per epoch and final weights."""
+    C51 with 3-step returns (or `kw` over it): each agent's statistics per epoch and final
+    weights."""
     from foxhunt.train.cohort import Cohort
 
     data = gpu_data()
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=False, precision=precision, n_step=3,
+        **kw,
     )  # fmt: skip
     agents = [RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=s) for s in seeds]
     cohort = Cohort(agents, stacked=len(seeds) > 1)
@@ -444,22 +450,24 @@ def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_stacked_agents_captured_give_the_eager_numbers(precision):
+@pytest.mark.parametrize("kw", [{}, NOISY], ids=["epsilon", "noisy"])
+def test_stacked_agents_captured_give_the_eager_numbers(precision, kw):
     """Three stacked agents, three epochs: captured as eager, bit for bit."""
-    s_e, p_e = run_stacked("eager", precision)
-    s_g, p_g = run_stacked("graph", precision)
+    s_e, p_e = run_stacked("eager", precision, **kw)
+    s_g, p_g = run_stacked("graph", precision, **kw)
     assert s_e == s_g
     assert all(torch.equal(a, b) for a, b in zip(p_e, p_g, strict=True))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_stacked_agents_match_each_alone_within_float_tolerance():
+@pytest.mark.parametrize("kw", [{}, NOISY], ids=["epsilon", "noisy"])
+def test_stacked_agents_match_each_alone_within_float_tolerance(kw):
     """On a GPU the stacked kernels are other (wider) ones than a lone agent's, so each agent
     matches its lone self to float tolerance (bit for bit on a CPU: tests/test_cohort.py); one
     epoch with one learning step, as the compiled check above."""
-    stacked, w_stacked = run_stacked("eager", "fp32", epochs=1, learn_steps=1)
+    stacked, w_stacked = run_stacked("eager", "fp32", epochs=1, learn_steps=1, **kw)
     for i, s in enumerate((7, 8, 9)):
-        alone, w_alone = run_stacked("eager", "fp32", seeds=(s,), epochs=1, learn_steps=1)
+        alone, w_alone = run_stacked("eager", "fp32", seeds=(s,), epochs=1, learn_steps=1, **kw)
         for k in alone[0][0]:
             assert stacked[0][i][k] == pytest.approx(alone[0][0][k], rel=1e-4, abs=1e-6), k
         torch.testing.assert_close(w_stacked[i], w_alone[0], rtol=1e-4, atol=1e-6)

@@ -112,7 +112,7 @@ class TrainConfig:
     theirs comes from their own generator; the supervised models' dropout draws from torch's
     global one); at most MAX_SEEDS (10)."""
     stack_seeds: Literal["auto", "on", "off"] = "auto"
-    """With `seeds`, DQN agents that can be (C51, without noisy nets) are stacked into one
+    """With `seeds`, DQN agents that can be (all but IQN's) are stacked into one
     (foxhunt.train.agents.dqn_stacked): each collection and learning step runs once for every
     seed, in kernels as many times wider, instead of once per seed (on a GPU, on streams).
     auto: on a GPU. Stacked, each seed's metrics equal its own task's to float rounding, not bit

@@ -295,9 +295,10 @@ class NoisyLinear(nn.Module):
         self.register_buffer("eps_in", torch.zeros(n_in))
         self.register_buffer("eps_out", torch.zeros(n_out))
         # Per-row noise (one sample per env while collecting): allocated at the first call of
-        # reset_row_noise, kept out of the state dict (it is redrawn before every use).
-        self.row_in: torch.Tensor | None = None
-        self.row_out: torch.Tensor | None = None
+        # reset_row_noise, kept out of the state dict (it is redrawn before every use). Buffers
+        # all the same, so that stacked agents (dqn_stacked) pass their own to functional_call.
+        self.register_buffer("row_in", None, persistent=False)
+        self.register_buffer("row_out", None, persistent=False)
 
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
         factorised_noise_([self.eps_in, self.eps_out], generator)

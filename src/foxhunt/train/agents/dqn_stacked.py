@@ -22,20 +22,23 @@ kernels sum in other orders, and the replays are sampled by one scan over all of
 (`sample_rows`): equal to a lone agent's to float tolerance (tests/test_train_gpu.py).
 
 The agents share one configuration (their seeds differ) and train one fold at a time, and so
-the C51 support and the envs' range, which those decide alike for all. Noisy nets and IQN draw
-random numbers inside the code this vmaps and are not stacked (`stackable` says why;
-`foxhunt train --seeds` then trains such agents on streams).
+the C51 support and the envs' range, which those decide alike for all. With noisy nets,
+a noisy network's noise buffers are stacked like the rest, each agent drawing into its own row
+before the vmapped step, as it would alone. IQN draws its quantile fractions inside the code
+this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
+agents on streams).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
 from torch.func import functional_call, vmap
 
 from foxhunt.train.agents.common import capture_restoring, compiled, view_params
-from foxhunt.train.agents.dqn import RainbowAgent, Replay, c51_next_target
+from foxhunt.train.agents.dqn import NoisyLinear, RainbowAgent, Replay, c51_next_target
 from foxhunt.train.env import TradingEnv
 
 # A RainbowAgent's tensors that differ between agents, stacked (attribute paths) ...
@@ -55,8 +58,8 @@ def stackable(agents: Sequence) -> str | None:
     cfg = agents[0].cfg
     if any(a.cfg != cfg for a in agents):
         return "the agents' configurations differ (only their seeds may)"
-    if cfg.noisy or cfg.distribution == "iqn":
-        return "noisy nets and IQN draw random numbers inside the step"
+    if cfg.distribution == "iqn":
+        return "IQN draws its quantile fractions inside the step"
     if any(a.data is not agents[0].data for a in agents):
         return "the agents must share one MarketData"
     if any(a.graphs for a in agents):
@@ -94,6 +97,27 @@ def _stacked_params(net: torch.nn.Module, big: torch.Tensor, grad: bool) -> dict
         v = big.detach()[:, off : off + p.numel()].view(big.shape[0], *p.shape)
         out[name] = v.requires_grad_() if grad else v
         off += p.numel()
+    return out
+
+
+def _stack_noise(nets: list[torch.nn.Module], rows: int | None) -> dict[str, torch.Tensor]:
+    """The noisy layers' noise buffers of the agents' networks stacked, name -> [K, ...] (the
+    names functional_call knows them by); each agent's buffers become views of its row, so
+    that its own draws (`QNet.reset_noise`, `reset_row_noise`) land in the stack. With `rows`,
+    the per-row buffers too (the collecting network's, allocated at that many envs)."""
+    out = {}
+    layers = [[(n, m) for n, m in net.named_modules() if isinstance(m, NoisyLinear)]
+              for net in nets]  # fmt: skip
+    for i, (name, _) in enumerate(layers[0]):
+        mods = [per[i][1] for per in layers]
+        if rows is not None:
+            for m in mods:
+                m.row_noise(rows)
+        for buf in ("eps_in", "eps_out") + (("row_in", "row_out") if rows is not None else ()):
+            big = torch.stack([getattr(m, buf) for m in mods])
+            for k, m in enumerate(mods):
+                setattr(m, buf, big[k])
+            out[f"{name}.{buf}"] = big
     return out
 
 
@@ -177,6 +201,9 @@ class StackedRainbow:
         self.P = _stacked_params(a0.net, self.W, grad=True)
         self.TP = _stacked_params(a0.target, self.T, grad=False)
         self.P_acting = {n: p.detach() for n, p in self.P.items()}  # collection needs no grad
+        # Noisy nets: the noise buffers, stacked; each agent draws into its row as alone.
+        self.NB = _stack_noise([a.net for a in self.agents], self.cfg.envs) if a0.cfg.noisy else {}
+        self.TB = _stack_noise([a.target for a in self.agents], None) if a0.cfg.noisy else {}
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "weight_decay", "decoupled_weight_decay",
                                             "capturable", "foreach")})  # fmt: skip
@@ -223,15 +250,19 @@ class StackedRainbow:
         return _view(RainbowAgent, a0, self.names[""], over[""])
 
     # ------------------------------------------------------------------ collect
-    def _collect_one(self, tensors: dict, params: dict, u: torch.Tensor) -> torch.Tensor:
-        RainbowAgent._collect_step(self._proxy(tensors, params), u)
+    def _collect_one(self, tensors: dict, params: dict, u: torch.Tensor,
+                     noise: bool | str = True) -> torch.Tensor:  # fmt: skip
+        RainbowAgent._collect_act(self._proxy(tensors, params), u, noise)
         return u.new_zeros(())  # vmap wants an output; the step's are in place
 
     def _collect_steps(self, steps: range) -> None:
         st = {p: v for p, v in self.t.items() if p != "u_collect"}
         u = self.t["u_collect"]
         for k in steps:
-            vmap(self._collect_one)(st, self.P_acting, u[:, k])
+            for a in self.agents:  # each agent draws its noise as it would alone
+                noise = a._collect_noise()  # the forward's noise mode, the same for all
+            step = functools.partial(self._collect_one, noise=noise)
+            vmap(step)(st, self.P_acting | self.NB, u[:, k])
 
     def _collect_block(self) -> None:
         self._collect_steps(range(self.cfg.collect_steps))
@@ -266,7 +297,8 @@ class StackedRainbow:
         """Every agent's loss, [K], and what the step records. Each loss reads only its own
         row of the weights, so the gradient of their sum is each agent's own, row by row."""
         t = self.t
-        return vmap(self._loss_one)(self.P, self.TP, t["replay.fbuf"], t["replay.ibuf"], idx, w)
+        return vmap(self._loss_one)(self.P | self.NB, self.TP | self.TB, t["replay.fbuf"],
+                                    t["replay.ibuf"], idx, w)  # fmt: skip
 
     def _record_one(self, prio, max_prio, stats, idx, per, aux, gn) -> torch.Tensor:
         p = self._proxy({"replay.prio": prio, "replay.max_prio": max_prio})
@@ -288,8 +320,13 @@ class StackedRainbow:
         return gn
 
     def _learn_step(self) -> None:
-        B = self.cfg.batch_size
-        u = torch.stack([torch.rand(B, device=self.device, generator=a.gen) for a in self.agents])
+        B, us = self.cfg.batch_size, []
+        for a in self.agents:  # each agent's draws in the order of its own learning step
+            if self.cfg.noisy:
+                a.net.reset_noise(a.gen)
+                a.target.reset_noise(a.gen)
+            us.append(torch.rand(B, device=self.device, generator=a.gen))
+        u = torch.stack(us)
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
         for p in self.P.values():  # backward hands over fresh gradient buffers
