@@ -6,6 +6,7 @@ model's GPU defaults).
     python3 bench/bench_cohort.py --sizes demo      the demo's sizes (512 DQN envs, batch 256):
                                                     agents small enough to share the GPU
     python3 bench/bench_cohort.py --cpu-smoke       tiny sizes on the CPU: checks the script runs
+    python3 bench/bench_cohort.py --set noisy=true epsilon=0     config fields over the sizes
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
 agents each on a CUDA stream of its own (`streams`); for the DQN, K agents stacked into one
@@ -90,6 +91,9 @@ def main() -> None:
     ap.add_argument("--sizes", choices=("default", "demo"), default="default",
                     help="the model's GPU defaults (the standard workload) or the demo's sizes "
                     "(foxhunt.train.demo: 512 DQN envs, batch 256, ...)")  # fmt: skip
+    ap.add_argument("--set", nargs="*", default=[], metavar="FIELD=VALUE",
+                    help="the model config's fields over the chosen sizes (JSON values), "
+                    "e.g. noisy=true epsilon=0")  # fmt: skip
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
@@ -106,6 +110,14 @@ def main() -> None:
         cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
     else:
         cfg = model_config(args.model, sets)
+    over = {}
+    for kv in args.set:
+        field, sep, value = kv.partition("=")
+        if not sep:
+            sys.exit(f"--set {kv!r}: expected field=value")
+        over[field] = json.loads(value)
+    if over:
+        cfg = dataclasses.replace(cfg, **over)
     forms = [("one agent", 1, "sequential"),
              (f"{args.agents} sequential", args.agents, "sequential")]  # fmt: skip
     if dev.type == "cuda":
