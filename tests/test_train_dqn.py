@@ -91,6 +91,23 @@ def test_one_near_zero_loss_transition_does_not_shrink_the_weights():
     assert means and min(means) == pytest.approx(1.0)  # whole-buffer form: (1.5/0.024)^-1 = 0.016
 
 
+def test_an_empty_replay_samples_finite_weights():
+    """Every slot of an empty replay has priority 0 (a capture's warm-up steps sample one):
+    the weights are 1, not 0/0's NaN, so the warm-up's loss and logits stay finite; the one
+    sampler over many replays (the stacked agents') does the same for an empty one."""
+    from foxhunt.train.agents.dqn_stacked import sample_rows
+
+    u = torch.rand(32, generator=torch.Generator().manual_seed(0))
+    idx, w = Replay(100, CPU).sample(u)
+    assert bool((idx >= 0).all() and (idx < 100).all()) and torch.equal(w, torch.ones(32))
+    prio = torch.zeros(3, 100)
+    prio[1, :50] = 1.0  # one replay with transitions between two empty ones
+    idx, w = sample_rows(prio, u.expand(3, -1), torch.full((3,), 0.4))
+    assert bool((idx >= 0).all() and (idx < 100).all()) and bool(torch.isfinite(w).all())
+    assert torch.equal(w[0], torch.ones(32)) and torch.equal(w[2], torch.ones(32))
+    assert bool((idx[1] < 50).all())
+
+
 def test_replay_ring_wraps_and_update_sets_priorities():
     rb = Replay(10, CPU)
     f = torch.arange(18, dtype=torch.float32).view(6, 3)

@@ -574,6 +574,12 @@ def derived_support(ret1: torch.Tensor, gamma: float, horizon_cap: int = 4096) -
     return float(g.abs().kthvalue(k).values) * SUPPORT_MARGIN
 
 
+def importance_weights(p: torch.Tensor, p_min: torch.Tensor, beta: torch.Tensor) -> torch.Tensor:
+    """PER's importance weights of sampled priorities p, (p / p_min)^-beta; 1 where p_min is 0
+    (only an empty replay yields one: its every slot is 0), not 0/0's NaN."""
+    return torch.where(p_min > 0, (p / p_min).pow(-beta), torch.ones_like(p))
+
+
 class Replay:
     """Proportional prioritised replay in a ring on the device.
 
@@ -610,14 +616,15 @@ class Replay:
     def sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Stratified proportional sample of len(u) slots (u uniform in [0, 1)) and their
         importance weights (N P(i))^-beta normalised by the largest in the batch:
-        (p_i / min_batch p)^-beta, so the largest weight is 1."""
+        (p_i / min_batch p)^-beta, so the largest weight is 1. A slot of priority 0 is never
+        drawn while any has more; from an empty replay (what a capture's warm-up steps draw
+        from) the last slot is, with weight 1 rather than 0/0."""
         B = u.shape[0]
         cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
         idx = torch.searchsorted(cdf, x, right=True).clamp(max=self.capacity - 1)
         p = self.prio.index_select(0, idx)
-        w = (p / p.min()).pow(-self.beta)
-        return idx, w
+        return idx, importance_weights(p, p.min(), self.beta)
 
     def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
         p = (loss.detach().float() + 1e-6).pow(alpha)

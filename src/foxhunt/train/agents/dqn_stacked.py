@@ -38,7 +38,13 @@ import torch
 from torch.func import functional_call, vmap
 
 from foxhunt.train.agents.common import capture_restoring, compiled, view_params
-from foxhunt.train.agents.dqn import NoisyLinear, RainbowAgent, Replay, c51_next_target
+from foxhunt.train.agents.dqn import (
+    NoisyLinear,
+    RainbowAgent,
+    Replay,
+    c51_next_target,
+    importance_weights,
+)
 from foxhunt.train.env import TradingEnv
 
 # A RainbowAgent's tensors that differ between agents, stacked (attribute paths) ...
@@ -149,7 +155,7 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     at = torch.searchsorted(cdf, x.reshape(-1), right=True).view(K, B)
     idx = (at - torch.arange(K, device=u.device)[:, None] * C).clamp(0, C - 1)
     p = prio.gather(1, idx)
-    return idx, (p / p.amin(1, keepdim=True)).pow(-beta[:, None])
+    return idx, importance_weights(p, p.amin(1, keepdim=True), beta[:, None])
 
 
 def _view_init(self, names, base, over) -> None:
