@@ -215,6 +215,36 @@ def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
+    """Noisy nets (noise drawn per env while collecting) stack too: --seeds 1 2 stacked, each
+    seed's results through `foxhunt train` (its evaluation, checkpoints, resume files) equal
+    its own task's, bit for bit at one thread."""
+    from foxhunt.train import core
+
+    kinds = []
+    real = core.train_epoch
+
+    def spy(agents, streams, mark=None):
+        kinds.append(type(agents[0]).__name__)
+        return real(agents, streams, mark)
+
+    monkeypatch.setattr(core, "train_epoch", spy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        noisy = dataclasses.replace(TINY, noisy=True, epsilon=0.0, noise_per_env=True)
+        kw = dict(stack_seeds="on", epochs=2, fold_ids=(0,), dqn=noisy)
+        both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(1, 2), **kw))
+        assert set(kinds) == {"StackedRainbow"}, kinds  # stacked, not side by side
+        for seed, res in zip((1, 2), both, strict=True):
+            alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed, **kw),
+                              NullLogger())  # fmt: skip
+            assert metrics_of(res) == metrics_of(alone), seed
+        assert metrics_of(both[0]) != metrics_of(both[1])
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_seeds_are_refused_where_they_cannot_train_as_alone(demo_es, tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="supervised model"):
         TrainConfig(model="tlob", seeds=(0, 1))
