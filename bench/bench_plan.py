@@ -14,7 +14,9 @@ month) cuts it into 3 folds of ~860k train bars. Two fresh processes in turn the
 one compile cache folder: each maps the cache, uploads it once, builds, compiles and captures,
 and trains every fold with a validation pass each epoch, the best checkpoint and the test.
 Reported per process: seconds from its start to the end of its first epoch and to its results,
-the epochs' share, and the test Sharpe (which says nothing here: the market is noise).
+the epochs' phases summed over all epochs (collection, learning, each epoch's validation: the
+times `foxhunt train` logs), the rest (the start, fold resets, each fold's exact val and test,
+checkpoints), and the test Sharpe (which says nothing here: the market is noise).
 `--compile-eval both` runs the cold and warm processes with the evaluation's step compiled
 (TrainConfig.compile_eval) and then a third, warm, without it: the A/B in one call.
 Prints a table; JSON to $OUT or /tmp.
@@ -42,7 +44,16 @@ sys.path.insert(0, sys.argv[2])
 from pathlib import Path
 from foxhunt.bench.workload import model_config
 from foxhunt.train.core import TrainConfig, run_train
+from foxhunt.train.tracking import NullLogger
 cfg, marks = json.loads(sys.argv[3]), {}
+class Phases(NullLogger):  # each epoch's phases (collection, learning, validation), summed
+    def __init__(self):
+        self.s = {}
+    def log_metrics(self, metrics, step=None):
+        for k, v in metrics.items():
+            if k.startswith("time/") and k.endswith("_s") and k != "time/epoch_s":
+                self.s[k[5:-2]] = self.s.get(k[5:-2], 0.0) + v
+phases = Phases()
 if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
     cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
 cfg["fold_ids"] = tuple(cfg["fold_ids"])
@@ -52,9 +63,10 @@ def on_epoch_end(fold, epoch):
 res = run_train(TrainConfig(folds=Path(cfg.pop("folds")), cache=Path(cfg.pop("cache")),
                             out=Path(cfg.pop("out")), compile_cache=Path(cfg.pop("cc")),
                             tracking="none", baselines=False, resume=False, **cfg),
-                on_epoch_end=on_epoch_end)
+                phases, on_epoch_end=on_epoch_end)
 print(json.dumps({"total_s": time.time() - t0, **marks, "upload_ms": res.upload_ms,
-                  "test_sharpe": res.aggregate["test_sharpe"], "folds": len(res.folds)}))
+                  "test_sharpe": res.aggregate["test_sharpe"], "folds": len(res.folds),
+                  "phases_s": phases.s}))
 """
 
 
@@ -118,6 +130,12 @@ def main() -> None:
                       f"{r['total_s']:.1f} s from the process's start to its "
                       f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
+                ph = r["phases_s"]
+                rest = r["total_s"] - sum(ph.values())
+                print("  the epochs' phases summed: " + ", ".join(
+                    f"{k} {v:.1f} s" for k, v in ph.items()) + f"; the rest {rest:.1f} s (the "
+                    "start, each fold's reset, exact val and test, checkpoints)",
+                    flush=True)  # fmt: skip
             out.write_text(json.dumps(res, indent=1))
     print(f"results in {out}")
 
