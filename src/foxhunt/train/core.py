@@ -808,6 +808,101 @@ def failure_note(run_dir: Path, digest: str):
     (run_dir / "failed.json").unlink(missing_ok=True)
 
 
+def _usable_resume(state: dict | None, digest: str, agent: Agent, path: Path) -> dict | None:
+    """`state` if this task can go on from it: written for the same configuration, by the same
+    code and the same trainer. Otherwise None, with a warning that says why it starts afresh."""
+    if state is None:
+        return None
+    why = None
+    if state.get("digest") != digest:
+        why = "belongs to another configuration"
+    elif state.get("code") != code_version():
+        why = f"was written by other code ({state.get('code')}, this is {code_version()})"
+    elif state.get("agent") is not None and (mismatch := agent.state_mismatch(state["agent"])):
+        why = f"was written by another trainer ({mismatch})"
+    if why is None:
+        return state
+    log.warning("%s %s: starting afresh", path, why)
+    return None
+
+
+def _resume_doc(
+    digest: str, results: list[dict], run_ids: dict, fold: int | None = None, **mid_fold
+) -> dict:
+    """What a task's resume file holds: the folds' results so far and the MLflow run ids, and
+    inside a fold (`fold` set) the epoch, agent, best epoch and weights and RNG states."""
+    return {
+        "digest": digest,
+        "code": code_version(),
+        "fold": fold,
+        "results": copy.deepcopy(results),
+        "run_ids": copy.deepcopy(run_ids),
+        **mid_fold,
+    }
+
+
+def _run_tags(
+    cfg: TrainConfig, key: str, symbol: str, device: torch.device, run_id: str, task_digest: str
+) -> dict[str, str]:
+    """The MLflow tags of a task's runs: what it trained on, with which code, in which run."""
+    commit = os.environ.get("FOXHUNT_GIT_COMMIT")
+    return {
+        "fxcache_key": key,
+        "symbol": symbol,
+        "model": cfg.model,
+        "seed": str(cfg.seed),
+        "device": str(device),
+        "foxhunt_version": __version__,
+        "foxhunt_run_id": run_id,
+        "code_version": code_version(),
+        "task_digest": task_digest,
+        **({"git_commit": commit} if commit is not None else {}),
+        **cfg.tags,
+    }
+
+
+def _run_params(cfg: TrainConfig, agent: Agent, bars: int, bar_size: str, sizing) -> dict:
+    """The MLflow params of a task: the training, env and model configs (the model's as the
+    device resolved it), the data's size and the sizes the device chose."""
+    params = {
+        "train": {
+            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "tags", *MODELS)
+        },
+        "env": dataclasses.asdict(cfg.env),
+        cfg.model: dataclasses.asdict(agent.cfg),
+        "bars": bars,
+        "bar_size": bar_size,
+    }
+    if sizing is not None:  # sizes the device chose (foxhunt.train.sizer)
+        params["sizing"] = dataclasses.asdict(sizing)
+    if hasattr(agent, "predict_batch"):  # windows a prediction piece holds (supervised)
+        params["predict_batch"] = agent.predict_batch
+    return params
+
+
+def _aggregate(results: list[dict]) -> dict:
+    """A task's figures over its folds (their means), the baselines' test Sharpe beside them."""
+
+    def mean(key: str, part: str) -> float:
+        return sum(r[part][key] for r in results) / len(results)
+
+    aggregate = {
+        "val_sharpe": mean("sharpe", "val"),
+        "test_sharpe": mean("sharpe", "test"),
+        "test_sortino": mean("sortino", "test"),
+        "test_max_drawdown": mean("max_drawdown", "test"),
+        "test_profit_factor": mean("profit_factor", "test"),
+        "test_turnover": mean("turnover", "test"),
+        "random_val_sharpe": mean("sharpe", "random_val"),
+    }
+    if all(r.get("baselines") for r in results):
+        aggregate["baselines_test_sharpe"] = {
+            name: sum(r["baselines"][name]["test"]["sharpe"] for r in results) / len(results)
+            for name in results[0]["baselines"]
+        }
+    return aggregate
+
+
 def _task(
     cfg: TrainConfig,
     doc: dict,
@@ -827,6 +922,7 @@ def _task(
     generator that `_drive` runs: it yields `_Built` once its agent is built, `_Fold` before
     each fold it trains and `_Train` where an epoch's collection and learning go, and returns
     the task's result."""
+    # ---- setup: the agent, its evaluators, the resume state, the MLflow runs
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
     resume_path = run_dir / distributed.resume_name()
@@ -868,52 +964,12 @@ def _task(
     explain = getattr(agent, "explain", None)  # what the model reads (TFT), per fold
     calibrate = getattr(agent, "calibrate", None)  # fitted on val (the ensemble's weights)
 
-    if state is not None:
-        if state.get("digest") != digest:
-            log.warning("%s belongs to another configuration: starting afresh", resume_path)
-            state = None
-        elif state.get("code") != code_version():
-            log.warning(
-                "%s was written by other code (%s, this is %s): starting afresh",
-                resume_path, state.get("code"), code_version(),
-            )  # fmt: skip
-            state = None
-        elif state.get("agent") is not None and (why := agent.state_mismatch(state["agent"])):
-            log.warning("%s was written by another trainer (%s): starting afresh", resume_path, why)
-            state = None
+    state = _usable_resume(state, digest, agent, resume_path)
     resumed = state is not None
     results: list[dict] = state["results"] if state else []
     run_ids = state["run_ids"] if state else {"parent": None, "child": None}
-    tags = {
-        "fxcache_key": cache.key,
-        "symbol": symbol,
-        "model": cfg.model,
-        "seed": str(cfg.seed),
-        "device": str(device),
-        "foxhunt_version": __version__,
-        "foxhunt_run_id": run_id,
-        "code_version": code_version(),
-        "task_digest": task_digest,
-        **(
-            {"git_commit": os.environ["FOXHUNT_GIT_COMMIT"]}
-            if "FOXHUNT_GIT_COMMIT" in os.environ
-            else {}
-        ),
-        **cfg.tags,
-    }
-    params = {
-        "train": {
-            k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("env", "tags", *MODELS)
-        },
-        "env": dataclasses.asdict(cfg.env),
-        cfg.model: dataclasses.asdict(agent.cfg),
-        "bars": data.n,
-        "bar_size": doc["bar_size"],
-    }
-    if sizing is not None:  # sizes the device chose (foxhunt.train.sizer)
-        params["sizing"] = dataclasses.asdict(sizing)
-    if hasattr(agent, "predict_batch"):  # windows a prediction piece holds (supervised)
-        params["predict_batch"] = agent.predict_batch
+    tags = _run_tags(cfg, cache.key, symbol, device, run_id, task_digest)
+    params = _run_params(cfg, agent, data.n, doc["bar_size"], sizing)
     task_name = f"{symbol} {cfg.model} seed{cfg.seed}"
     dataset = fxcache_dataset(cache, symbol, doc["bar_size"])
     run_ids["parent"] = logger.start_task(task_name, params, tags, run_ids["parent"], dataset)
@@ -930,6 +986,7 @@ def _task(
         k = fold["fold"]
         if k in done:
             continue
+        # ---- a fold: reset the agent (or restore it mid-fold), train its epochs, test the best
         yield _Fold(folds.index(fold))
         ranges = {p: (fold[f"{p}_start"], fold[f"{p}_end"]) for p in ("train", "val", "test")}
         clock = Clock(device)
@@ -1015,24 +1072,18 @@ def _task(
                 progress.eta(),
             )  # fmt: skip
             writer.save(
-                {
-                    "digest": digest,
-                    "code": code_version(),
-                    "fold": k,
-                    "epoch": epoch,
-                    "agent": host_copy(agent.snapshot()),
-                    "best": copy.deepcopy(best),
-                    "best_weights": best_weights and host_copy(best_weights),
-                    "results": copy.deepcopy(results),
-                    "run_ids": copy.deepcopy(run_ids),
-                    "rng_cpu": torch.get_rng_state(),
-                    "rng_cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                },
+                _resume_doc(digest, results, run_ids, k, epoch=epoch,
+                            agent=host_copy(agent.snapshot()), best=copy.deepcopy(best),
+                            best_weights=best_weights and host_copy(best_weights),
+                            rng_cpu=torch.get_rng_state(),
+                            rng_cuda=torch.cuda.get_rng_state(device) if device.type == "cuda"
+                            else None),
                 resume_path,
-            )
+            )  # fmt: skip
             if on_epoch_end is not None:
                 on_epoch_end(k, epoch)
 
+        # ---- the fold's report: its best epoch on val (exact) and test, the baselines
         # The ranks of a data-parallel job took the same steps: checked, bit for bit.
         distributed.check_same(agent.weights(), f"fold {k}")
         # The best epoch, once on the test range; and a random policy for scale.
@@ -1103,34 +1154,10 @@ def _task(
                 "model_uri": model_uri,
             }
         )
-        writer.save(
-            {
-                "digest": digest,
-                "code": code_version(),
-                "fold": None,
-                "results": copy.deepcopy(results),
-                "run_ids": copy.deepcopy(run_ids),
-            },
-            resume_path,
-        )
+        writer.save(_resume_doc(digest, results, run_ids), resume_path)  # between folds
 
-    def mean(key: str, part: str) -> float:
-        return sum(r[part][key] for r in results) / len(results)
-
-    aggregate = {
-        "val_sharpe": mean("sharpe", "val"),
-        "test_sharpe": mean("sharpe", "test"),
-        "test_sortino": mean("sortino", "test"),
-        "test_max_drawdown": mean("max_drawdown", "test"),
-        "test_profit_factor": mean("profit_factor", "test"),
-        "test_turnover": mean("turnover", "test"),
-        "random_val_sharpe": mean("sharpe", "random_val"),
-    }
-    if all(r.get("baselines") for r in results):
-        aggregate["baselines_test_sharpe"] = {
-            name: sum(r["baselines"][name]["test"]["sharpe"] for r in results) / len(results)
-            for name in results[0]["baselines"]
-        }
+    # ---- the task's result: the folds' means, the registered model, results.json
+    aggregate = _aggregate(results)
     if trained:
         # The task's best fold by val Sharpe goes to the Model Registry, with its metrics.
         top = max(results, key=lambda r: r["val"]["sharpe"])
