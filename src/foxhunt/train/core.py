@@ -1071,13 +1071,13 @@ def _task(
                 metrics["time/epoch_s"], times["collect"], times["learn"], times["eval"],
                 progress.eta(),
             )  # fmt: skip
+            rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
             writer.save(
-                _resume_doc(digest, results, run_ids, k, epoch=epoch,
-                            agent=host_copy(agent.snapshot()), best=copy.deepcopy(best),
-                            best_weights=best_weights and host_copy(best_weights),
-                            rng_cpu=torch.get_rng_state(),
-                            rng_cuda=torch.cuda.get_rng_state(device) if device.type == "cuda"
-                            else None),
+                _resume_doc(
+                    digest, results, run_ids, k, epoch=epoch, agent=host_copy(agent.snapshot()),
+                    best=copy.deepcopy(best), best_weights=best_weights and host_copy(best_weights),
+                    rng_cpu=torch.get_rng_state(), rng_cuda=rng_cuda,
+                ),
                 resume_path,
             )  # fmt: skip
             if on_epoch_end is not None:
