@@ -45,6 +45,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.folds import fold_ranges
 from foxhunt.fxcache import FxCache
 from foxhunt.train import TrainConfig, demo, run_train
 from foxhunt.train.agents import AGENTS
@@ -158,7 +159,7 @@ def ensemble_rows(evaluator, data, folds, run_dirs: list[Path], n: int, env, ppy
         group = run_dirs[g : g + n]
         per_fold = []
         for f in folds:
-            ranges = {p: (f[f"{p}_start"], f[f"{p}_end"]) for p in ("train", "val", "test")}
+            ranges = fold_ranges(f)
             data.fit_normaliser(*ranges["train"])  # the normaliser each member trained with
             ckpts = [d / f"fold-{f['fold']}" / "best.safetensors" for d in group]
             policy = q_ensemble(ckpts, obs, data.device)
@@ -312,7 +313,7 @@ def main() -> None:
             )
         base = []
         for f in doc["folds"]:
-            ranges = {p: (f[f"{p}_start"], f[f"{p}_end"]) for p in ("train", "val", "test")}
+            ranges = fold_ranges(f)
             base.append(evaluate_baselines(evaluator, data, ranges, ppy, 0))
         for name in base[0]:
             table[name] = [[b[name] for b in base]]

@@ -4,9 +4,19 @@
 `foxhunt folds` step (`FoldsConfig`, `run_folds`) is imported on first use.
 """
 
-from foxhunt.folds.walkforward import Fold, FoldError, FoldSpec, check_folds, make_folds
+from foxhunt.folds.walkforward import (
+    Fold,
+    FoldError,
+    FoldSpec,
+    check_folds,
+    fold_ranges,
+    make_folds,
+)
 
-__all__ = ["Fold", "FoldError", "FoldSpec", "FoldsConfig", "check_folds", "make_folds", "run_folds"]
+__all__ = [
+    "Fold", "FoldError", "FoldSpec", "FoldsConfig", "check_folds", "fold_ranges", "make_folds",
+    "run_folds",
+]  # fmt: skip
 
 
 def __getattr__(name: str):

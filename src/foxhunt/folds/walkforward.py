@@ -182,6 +182,11 @@ def make_folds(timestamps: np.ndarray, spec: FoldSpec) -> tuple[list[Fold], list
 RANGE_FIELDS = ("train_start", "train_end", "val_start", "val_end", "test_start", "test_end")
 
 
+def fold_ranges(fold: dict) -> dict[str, tuple[int, int]]:
+    """A fold's half-open bar ranges by part: {"train": (start, end), "val": ..., "test": ...}."""
+    return {p: (fold[f"{p}_start"], fold[f"{p}_end"]) for p in ("train", "val", "test")}
+
+
 def check_folds(folds: list[dict], rows: int, spec: dict | None = None) -> None:
     """Raise `FoldError` unless every fold is a set of ranges a trainer can use without
     look-ahead: integer bounds inside the `rows` bars of the cache, train before val before test

@@ -47,7 +47,7 @@ import torch
 
 from foxhunt import __version__
 from foxhunt.errors import StepError, Terminated
-from foxhunt.folds.walkforward import FoldError, check_folds
+from foxhunt.folds.walkforward import FoldError, check_folds, fold_ranges
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
@@ -988,7 +988,7 @@ def _task(
             continue
         # ---- a fold: reset the agent (or restore it mid-fold), train its epochs, test the best
         yield _Fold(folds.index(fold))
-        ranges = {p: (fold[f"{p}_start"], fold[f"{p}_end"]) for p in ("train", "val", "test")}
+        ranges = fold_ranges(fold)
         clock = Clock(device)
         clock.mark("start")
         mid_fold = state is not None and state.get("fold") == k
