@@ -24,6 +24,7 @@ gathers the taken action's logits from the network's full output rather than rea
 place), `-torchtarget` (C51's
 projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_triton,
 `triton_target`),
+`-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -289,6 +290,7 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         compile="compile" in opts or "autotune" in opts,
         compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
         float32_outputs="f32out" in opts,
+        dense_inputs="dense" in opts,
         triton_target=False if "torchtarget" in opts else None,
         **(small if args.cpu_smoke else {}),
     )
