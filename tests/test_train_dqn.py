@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 
 import numpy as np
@@ -288,9 +289,10 @@ def test_noisy_linear_equals_the_explicit_factorised_formula():
 
 
 @pytest.mark.parametrize("rows", [None, 6])
-def test_a_networks_noise_is_each_layers_own_draw_in_turn(rows):
-    """QNet draws every noisy layer's buffers in one call (multi-tensor kernels): the numbers of
-    a plain loop that draws each buffer from the generator in turn and maps it through
+def test_a_networks_noise_is_one_draw_mapped_through_f(rows):
+    """QNet draws its shared sample as one flat draw (every noisy layer's eps_in and eps_out
+    in turn, views of one buffer) and the per-row samples buffer by buffer (multi-tensor
+    kernels): the numbers of a plain draw from the generator mapped through
     f(e) = sign(e) sqrt|e|, bit for bit."""
     net = QNet(tiny(noisy=True))
     layers = net.noisy_layers()
@@ -298,7 +300,7 @@ def test_a_networks_noise_is_each_layers_own_draw_in_turn(rows):
     g = torch.Generator().manual_seed(11)
     if rows is None:
         net.reset_noise(g)
-        got = [e.clone() for m in layers for e in (m.eps_in, m.eps_out)]
+        got = [torch.cat([e.reshape(-1) for m in layers for e in (m.eps_in, m.eps_out)])]
     else:
         net.reset_row_noise(rows, g)
         got = [e.clone() for m in layers for e in (m.row_in, m.row_out)]
@@ -306,6 +308,27 @@ def test_a_networks_noise_is_each_layers_own_draw_in_turn(rows):
     for e in got:
         ref = torch.empty_like(e).normal_(generator=g)
         assert torch.equal(e, ref.sign() * ref.abs().sqrt())
+
+
+def test_the_noise_buffer_follows_copies_and_moves():
+    """A copy's draws land in the copy's layers and leave the original's alone; after `.to`
+    (new buffers) the draws land in the moved layers, and the values they held are kept."""
+    net = QNet(tiny(noisy=True))
+    net.reset_noise(torch.Generator().manual_seed(1))
+
+    def sample(n):
+        return torch.cat([e.reshape(-1) for m in n.noisy_layers() for e in (m.eps_in, m.eps_out)])
+
+    before = sample(net).clone()
+    twin = copy.deepcopy(net)
+    twin.reset_noise(torch.Generator().manual_seed(2))
+    assert torch.equal(sample(net), before) and not torch.equal(sample(twin), before)
+    moved = net.to(torch.float64)
+    assert torch.equal(sample(moved), before.double())
+    moved.reset_noise(torch.Generator().manual_seed(3))
+    ref = torch.empty(before.numel(), dtype=torch.float64).normal_(
+        generator=torch.Generator().manual_seed(3))
+    assert torch.equal(sample(moved), ref.sign() * ref.abs().sqrt())
 
 
 def test_per_row_noise_is_the_factorised_formula_row_by_row():

@@ -265,11 +265,15 @@ class DQNConfig:
 
 # ---------------------------------------------------------------------------------- network
 @torch.no_grad()
+def factorise_(e: torch.Tensor) -> None:
+    """f(e) = sign(e) sqrt|e| in place (factorised Gaussian noise), four kernels."""
+    torch.mul(e.abs().sqrt_(), e.sign(), out=e)
+
+
 def factorised_noise_(eps: list[torch.Tensor], generator: torch.Generator | None) -> None:
-    """Draw each tensor of `eps` from N(0, 1), in turn, and map it through f(e) = sign(e)
-    sqrt|e| in place. f runs as five multi-tensor kernels over all of them: a noisy learning
-    step redraws six buffers in each of two networks, which took one kernel a draw and five a
-    buffer for f (72 small kernels) and take 22 this way, with the same numbers."""
+    """Draw each tensor of `eps` from N(0, 1), in turn, and map it through f in place (five
+    multi-tensor kernels over all of them). The per-row buffers' draw; the shared sample is one
+    flat buffer (QNet.draw_noise)."""
     if not eps:  # a network without noisy layers
         return
     for e in eps:
@@ -368,6 +372,7 @@ class QNet(nn.Module):
         super().__init__()
         self.cfg, self.n_act, self.align, self.fold_mean = cfg, n_actions, align, fold_mean
         self.noisy_weights = noisy_weights
+        self._noise: torch.Tensor | None = None  # noise_buffer's: the layers' buffers are views
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
         dims = (IN_DIM, *cfg.hidden)
@@ -391,11 +396,45 @@ class QNet(nn.Module):
     def noisy_layers(self) -> list[NoisyLinear]:
         return [m for m in self.modules() if isinstance(m, NoisyLinear)]
 
+    def noise_buffer(self) -> torch.Tensor | None:
+        """The flat buffer that every noisy layer's shared sample (eps_in, eps_out, layer by
+        layer) is a view of, None without noisy layers. Made at the first call, and again
+        where the layers' buffers were moved or replaced since (`.to`, a copy), their values
+        kept: a draw of the network's sample is then one kernel and f one pass (a learning
+        step draws two networks' samples: 10 kernels, against 22 with a draw and multi-tensor
+        kernels a buffer, and stacked agents' f one pass for all, dqn_stacked)."""
+        layers = self.noisy_layers()
+        flat = self._noise
+        if not layers or (flat is not None and layers[0].eps_in.data_ptr() == flat.data_ptr()
+                          and layers[0].eps_in.device == flat.device):  # fmt: skip
+            return flat
+        self.view_noise(torch.cat([e.reshape(-1) for m in layers for e in (m.eps_in, m.eps_out)]))
+        return self._noise
+
+    def view_noise(self, flat: torch.Tensor) -> None:
+        """Make the noisy layers' shared-sample buffers views of `flat`, in order (its values
+        are theirs from then on)."""
+        off = 0
+        for m in self.noisy_layers():
+            for name in ("eps_in", "eps_out"):
+                n = getattr(m, name).numel()
+                setattr(m, name, flat[off : off + n])
+                off += n
+        self._noise = flat  # not a buffer: the layers' views are
+
+    def draw_noise(self, generator: torch.Generator | None = None) -> torch.Tensor | None:
+        """A fresh N(0, 1) sample into the flat noise buffer, f not yet applied (stacked agents
+        apply it to all of theirs at once); returns the buffer."""
+        flat = self.noise_buffer()
+        if flat is not None:
+            flat.normal_(generator=generator)
+        return flat
+
     def reset_noise(self, generator: torch.Generator | None = None) -> None:
-        """Every noisy layer's shared sample, in one call (`factorised_noise_`): the numbers
-        each layer's own reset_noise would draw in turn."""
-        factorised_noise_([e for m in self.noisy_layers() for e in (m.eps_in, m.eps_out)],
-                          generator)  # fmt: skip
+        """Every noisy layer's shared sample: one draw into the flat buffer, then f."""
+        flat = self.draw_noise(generator)
+        if flat is not None:
+            factorise_(flat)
 
     def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
         factorised_noise_([e for m in self.noisy_layers() for e in m.row_noise(rows)], generator)
@@ -788,15 +827,18 @@ class RainbowAgent(AgentState):
         self.env.reset(torch.rand(self.cfg.envs, device=self.device, generator=self.gen))
 
     # ------------------------------------------------------------------ collect
-    def _collect_noise(self) -> bool | str:
+    def _collect_noise(self, factorise: bool = True) -> bool | str:
         """Fresh noise for a collection step's noisy layers (drawn from the agent's generator,
-        outside the compiled step); the forward's noise mode."""
+        outside the compiled step); the forward's noise mode. Without `factorise` the shared
+        sample is left as drawn (the stacked agents' f runs once for all of them)."""
         cfg = self.cfg
         if cfg.noisy and cfg.noise_per_env and cfg.distribution == "c51":
             self.net.reset_row_noise(cfg.envs, self.gen)
             return "rows"
         if cfg.noisy:
-            self.net.reset_noise(self.gen)
+            self.net.draw_noise(self.gen)
+            if factorise:
+                factorise_(self.net.noise_buffer())
         return True
 
     def _collect_step(self, u: torch.Tensor) -> None:

@@ -43,6 +43,7 @@ from foxhunt.train.agents.dqn import (
     RainbowAgent,
     Replay,
     c51_next_target,
+    factorise_,
     importance_weights,
 )
 from foxhunt.train.env import TradingEnv
@@ -106,25 +107,34 @@ def _stacked_params(net: torch.nn.Module, big: torch.Tensor, grad: bool) -> dict
     return out
 
 
-def _stack_noise(nets: list[torch.nn.Module], rows: int | None) -> dict[str, torch.Tensor]:
+def _stack_noise(nets: list, rows: int | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     """The noisy layers' noise buffers of the agents' networks stacked, name -> [K, ...] (the
-    names functional_call knows them by); each agent's buffers become views of its row, so
-    that its own draws (`QNet.reset_noise`, `reset_row_noise`) land in the stack. With `rows`,
-    the per-row buffers too (the collecting network's, allocated at that many envs)."""
-    out = {}
+    names functional_call knows them by), and the stacked flat buffer of their shared samples,
+    [K, N]: each network's flat buffer (`QNet.noise_buffer`) becomes its row, so that its own
+    draws land in the stack. With `rows`, the per-row buffers too (the collecting network's,
+    allocated at that many envs), each agent's a view of its row."""
+    flat = torch.stack([net.noise_buffer() for net in nets])
+    for k, net in enumerate(nets):
+        net.view_noise(flat[k])
+    out, off = {}, 0
     layers = [[(n, m) for n, m in net.named_modules() if isinstance(m, NoisyLinear)]
               for net in nets]  # fmt: skip
-    for i, (name, _) in enumerate(layers[0]):
+    for i, (name, m0) in enumerate(layers[0]):
+        for buf in ("eps_in", "eps_out"):
+            n = getattr(m0, buf).numel()
+            out[f"{name}.{buf}"] = flat[:, off : off + n]
+            off += n
+        if rows is None:
+            continue
         mods = [per[i][1] for per in layers]
-        if rows is not None:
-            for m in mods:
-                m.row_noise(rows)
-        for buf in ("eps_in", "eps_out") + (("row_in", "row_out") if rows is not None else ()):
+        for m in mods:
+            m.row_noise(rows)
+        for buf in ("row_in", "row_out"):
             big = torch.stack([getattr(m, buf) for m in mods])
             for k, m in enumerate(mods):
                 setattr(m, buf, big[k])
             out[f"{name}.{buf}"] = big
-    return out
+    return out, flat
 
 
 def _bind(net: torch.nn.Module, params: dict):
@@ -208,8 +218,10 @@ class StackedRainbow:
         self.TP = _stacked_params(a0.target, self.T, grad=False)
         self.P_acting = {n: p.detach() for n, p in self.P.items()}  # collection needs no grad
         # Noisy nets: the noise buffers, stacked; each agent draws into its row as alone.
-        self.NB = _stack_noise([a.net for a in self.agents], self.cfg.envs) if a0.cfg.noisy else {}
-        self.TB = _stack_noise([a.target for a in self.agents], None) if a0.cfg.noisy else {}
+        self.NB, self.noise = _stack_noise([a.net for a in self.agents], self.cfg.envs) \
+            if a0.cfg.noisy else ({}, None)  # fmt: skip
+        self.TB, self.target_noise = _stack_noise([a.target for a in self.agents], None) \
+            if a0.cfg.noisy else ({}, None)  # fmt: skip
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "weight_decay", "decoupled_weight_decay",
                                             "capturable", "foreach")})  # fmt: skip
@@ -266,7 +278,9 @@ class StackedRainbow:
         u = self.t["u_collect"]
         for k in steps:
             for a in self.agents:  # each agent draws its noise as it would alone
-                noise = a._collect_noise()  # the forward's noise mode, the same for all
+                noise = a._collect_noise(factorise=False)  # the forward's noise mode, one for all
+            if self.noise is not None and noise is True:
+                factorise_(self.noise)  # f of every agent's shared sample, as each would alone
             step = functools.partial(self._collect_one, noise=noise)
             vmap(step)(st, self.P_acting | self.NB, u[:, k])
 
@@ -329,9 +343,12 @@ class StackedRainbow:
         B, us = self.cfg.batch_size, []
         for a in self.agents:  # each agent's draws in the order of its own learning step
             if self.cfg.noisy:
-                a.net.reset_noise(a.gen)
-                a.target.reset_noise(a.gen)
+                a.net.draw_noise(a.gen)
+                a.target.draw_noise(a.gen)
             us.append(torch.rand(B, device=self.device, generator=a.gen))
+        if self.cfg.noisy:  # f over every agent's samples at once: what each applies alone
+            factorise_(self.noise)
+            factorise_(self.target_noise)
         u = torch.stack(us)
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
