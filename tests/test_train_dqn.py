@@ -327,7 +327,8 @@ def test_the_noise_buffer_follows_copies_and_moves():
     assert torch.equal(sample(moved), before.double())
     moved.reset_noise(torch.Generator().manual_seed(3))
     ref = torch.empty(before.numel(), dtype=torch.float64).normal_(
-        generator=torch.Generator().manual_seed(3))
+        generator=torch.Generator().manual_seed(3)
+    )
     assert torch.equal(sample(moved), ref.sign() * ref.abs().sqrt())
 
 

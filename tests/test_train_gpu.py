@@ -419,7 +419,8 @@ def test_captured_evaluation_in_pieces_gives_the_sequential_walk(compile_):
         assert torch.equal(pieces.last_positions, walk.last_positions)
 
 
-NOISY = {"noisy": True, "epsilon": 0.0, "noise_per_env": True}
+NOISY = {"noisy": True, "epsilon": 0.0, "noise_per_env": True}  # per-env noise collecting
+NOISY_SHARED = {"noisy": True, "epsilon": 0.0}  # one shared sample a collection step
 
 
 def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, learn_steps=24,
@@ -450,7 +451,7 @@ def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-@pytest.mark.parametrize("kw", [{}, NOISY], ids=["epsilon", "noisy"])
+@pytest.mark.parametrize("kw", [{}, NOISY, NOISY_SHARED], ids=["epsilon", "noisy", "noisy-shared"])
 def test_stacked_agents_captured_give_the_eager_numbers(precision, kw):
     """Three stacked agents, three epochs: captured as eager, bit for bit."""
     s_e, p_e = run_stacked("eager", precision, **kw)
@@ -460,7 +461,7 @@ def test_stacked_agents_captured_give_the_eager_numbers(precision, kw):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("kw", [{}, NOISY], ids=["epsilon", "noisy"])
+@pytest.mark.parametrize("kw", [{}, NOISY, NOISY_SHARED], ids=["epsilon", "noisy", "noisy-shared"])
 def test_stacked_agents_match_each_alone_within_float_tolerance(kw):
     """On a GPU the stacked kernels are other (wider) ones than a lone agent's, so each agent
     matches its lone self to float tolerance (bit for bit on a CPU: tests/test_cohort.py); one

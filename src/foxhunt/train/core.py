@@ -116,9 +116,9 @@ class TrainConfig:
     (foxhunt.train.agents.dqn_stacked): each collection and learning step runs once for every
     seed, in kernels as many times wider, instead of once per seed (on a GPU, on streams).
     auto: on a GPU, unless the agents have noisy nets (their K noise draws a step make
-    stacking slower than streams there). Stacked, each seed's metrics equal its own task's to float rounding, not bit
-    for bit (a wider kernel sums in another order; on a CPU at one thread, bit for bit); off
-    keeps each seed's own kernels, bit for bit as alone."""
+    stacking slower than streams there). Stacked, each seed's metrics equal its own task's to
+    float rounding, not bit for bit (a wider kernel sums in another order; on a CPU at one
+    thread, bit for bit); off keeps each seed's own kernels, bit for bit as alone."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -715,11 +715,11 @@ def _drive(tasks: list, device: torch.device, stack: str = "off") -> list[TrainR
     the tasks share the data and its normaliser, so they train one fold at a time (a task that
     stopped early, or that resumed past a fold, waits for the others).
 
-    With `stack` (TrainConfig.stack_seeds, `_stacks`), agents that can be stacked (foxhunt.train.agents.dqn_stacked) are,
-    before any captures its graphs: an epoch that every task trains, all at the same epoch, is
-    then one stacked epoch. When only some train (the others finished, stopped early or wait at
-    another fold) or they resumed at different epochs, those run on their own, each capturing
-    its graphs the first time."""
+    With `stack` (TrainConfig.stack_seeds, `_stacks`), agents that can be stacked
+    (foxhunt.train.agents.dqn_stacked) are, before any captures its graphs: an epoch that
+    every task trains, all at the same epoch, is then one stacked epoch. When only some train
+    (the others finished, stopped early or wait at another fold) or they resumed at different
+    epochs, those run on their own, each capturing its graphs the first time."""
     n = len(tasks)
     streams = (
         [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
