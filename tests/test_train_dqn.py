@@ -332,6 +332,38 @@ def test_the_noise_buffer_follows_copies_and_moves():
     assert torch.equal(sample(moved), ref.sign() * ref.abs().sqrt())
 
 
+def test_each_step_reads_its_row_of_the_blocks_noise_samples():
+    """Noisy nets: a collection block draws its steps' uniforms, then one sample a step; a
+    learning block draws each step's online and target samples at its start, and step i's
+    networks read row i (their noise buffers views of the one it is copied into): a plain
+    draw from a copy of the agent's generator, mapped through f, row by row."""
+    agent = RainbowAgent(tiny(noisy=True, epsilon=0.0), EnvConfig(episode_bars=50),
+                         random_data(), seed=0)  # fmt: skip
+    agent.reset_fold(0, 400, seed=0)
+
+    def f(e):
+        return e.sign() * e.abs().sqrt()
+
+    def sample(net):
+        return torch.cat([e.reshape(-1) for m in net.noisy_layers() for e in (m.eps_in, m.eps_out)])
+
+    seen, act, loss = [], agent.act_joint, agent._loss
+    agent.act_joint = lambda *a, **k: seen.append(sample(agent.net)) or act(*a, **k)
+    agent._loss = lambda *a: seen.append(torch.cat([sample(agent.net), sample(agent.target)])) \
+        or loss(*a)  # fmt: skip
+    for _ in range(2):  # two epochs: the second block draws afresh
+        g = torch.Generator().set_state(agent.gen.get_state())
+        u = torch.empty_like(agent.u_collect).uniform_(generator=g)
+        ref = [*f(torch.empty_like(agent.collect_noise).normal_(generator=g))]
+        seen.clear()
+        agent.collect()
+        assert torch.equal(agent.u_collect, u)
+        ref += [*f(torch.empty_like(agent.learn_noise).normal_(generator=g))]
+        agent.learn()
+        assert len(seen) == len(ref) == 6 + 3
+        assert all(torch.equal(a, b) for a, b in zip(seen, ref, strict=True))
+
+
 def test_per_row_noise_is_the_factorised_formula_row_by_row():
     """noise="rows": row i sees its own factorised sample; rows that share the shared sample
     give the shared-noise output exactly."""

@@ -272,8 +272,8 @@ def factorise_(e: torch.Tensor) -> None:
 
 def factorised_noise_(eps: list[torch.Tensor], generator: torch.Generator | None) -> None:
     """Draw each tensor of `eps` from N(0, 1), in turn, and map it through f in place (five
-    multi-tensor kernels over all of them). The per-row buffers' draw; the shared sample is one
-    flat buffer (QNet.draw_noise)."""
+    multi-tensor kernels over all of them): the per-row buffers' draw (the shared sample is one
+    flat buffer, QNet.noise_buffer)."""
     if not eps:  # a network without noisy layers
         return
     for e in eps:
@@ -400,9 +400,8 @@ class QNet(nn.Module):
         """The flat buffer that every noisy layer's shared sample (eps_in, eps_out, layer by
         layer) is a view of, None without noisy layers. Made at the first call, and again
         where the layers' buffers were moved or replaced since (`.to`, a copy), their values
-        kept: a draw of the network's sample is then one kernel and f one pass (a learning
-        step draws two networks' samples: 10 kernels, against 22 with a draw and multi-tensor
-        kernels a buffer, and stacked agents' f one pass for all, dqn_stacked)."""
+        kept: a draw of the network's sample is then one kernel and f one pass, and an agent
+        copies a step's samples of both its networks in one (RainbowAgent._noise_banks)."""
         layers = self.noisy_layers()
         flat = self._noise
         if not layers or (flat is not None and layers[0].eps_in.data_ptr() == flat.data_ptr()
@@ -422,18 +421,12 @@ class QNet(nn.Module):
                 off += n
         self._noise = flat  # not a buffer: the layers' views are
 
-    def draw_noise(self, generator: torch.Generator | None = None) -> torch.Tensor | None:
-        """A fresh N(0, 1) sample into the flat noise buffer, f not yet applied (stacked agents
-        apply it to all of theirs at once); returns the buffer."""
+    def reset_noise(self, generator: torch.Generator | None = None) -> None:
+        """Every noisy layer's shared sample: one draw into the flat buffer, then f (an agent
+        draws a block of steps' samples at once instead: RainbowAgent._noise_banks)."""
         flat = self.noise_buffer()
         if flat is not None:
             flat.normal_(generator=generator)
-        return flat
-
-    def reset_noise(self, generator: torch.Generator | None = None) -> None:
-        """Every noisy layer's shared sample: one draw into the flat buffer, then f."""
-        flat = self.draw_noise(generator)
-        if flat is not None:
             factorise_(flat)
 
     def reset_row_noise(self, rows: int, generator: torch.Generator | None = None) -> None:
@@ -704,6 +697,7 @@ class RainbowAgent(AgentState):
         self.flat = flatten_into_views(self.params)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
         self.target_flat = flatten_into_views(list(self.target.parameters()))
+        self._noise_banks(cfg, dev)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         # Adam's foreach form is what inductor fuses when compiled; uncompiled on a GPU the
         # one-op-at-a-time form runs full-grid kernels over the flat buffer and is faster.
@@ -743,11 +737,32 @@ class RainbowAgent(AgentState):
         self._reset_lists = None
         # The collection step compiled as well: its env step, n-step window and replay write
         # are elementwise work over all envs that inductor fuses (the stack vmaps the plain
-        # `_collect_step` instead).
+        # `_collect_act` instead).
         self.collect_fn = compiled(self._collect_act) if cfg.compile else self._collect_act
         if cfg.compile:
             self._loss = compiled(self._loss, mode=cfg.compile_mode)
         self.ensure_optimizer_state()
+
+    def _noise_banks(self, cfg: DQNConfig, dev: torch.device) -> None:
+        """Noisy nets: the shared noise samples of a block of steps are drawn at its start, one
+        draw a block from the agent's generator with f applied once (`collect_noise`, one
+        sample a collection step; `learn_noise`, the online and the target network's samples
+        of each learning step), and each step copies its row into `noise_now`, the buffer the
+        layers' noise is a view of (online, then target): two kernels a learning step and two
+        to advance its row (`learn_i`), against a draw and f for each network, and for stacked
+        agents the same few kernels for all of them (dqn_stacked). Per-env noise is drawn
+        each collection step (`reset_row_noise`)."""
+        self.noise_now = self.collect_noise = self.learn_noise = self.learn_i = None
+        if not cfg.noisy:
+            return
+        n_net = self.net.noise_buffer().numel()
+        self.noise_now = torch.zeros(n_net + self.target.noise_buffer().numel(), device=dev)
+        self.net.view_noise(self.noise_now[:n_net])
+        self.target.view_noise(self.noise_now[n_net:])
+        if not (cfg.noise_per_env and cfg.distribution == "c51"):
+            self.collect_noise = torch.zeros(cfg.collect_steps, n_net, device=dev)
+        self.learn_noise = torch.zeros(cfg.learn_steps, len(self.noise_now), device=dev)
+        self.learn_i = torch.zeros(1, dtype=torch.long, device=dev)
 
     # ------------------------------------------------------------------ helpers
     def _autocast(self):
@@ -827,24 +842,16 @@ class RainbowAgent(AgentState):
         self.env.reset(torch.rand(self.cfg.envs, device=self.device, generator=self.gen))
 
     # ------------------------------------------------------------------ collect
-    def _collect_noise(self, factorise: bool = True) -> bool | str:
-        """Fresh noise for a collection step's noisy layers (drawn from the agent's generator,
-        outside the compiled step); the forward's noise mode. Without `factorise` the shared
-        sample is left as drawn (the stacked agents' f runs once for all of them)."""
-        cfg = self.cfg
-        if cfg.noisy and cfg.noise_per_env and cfg.distribution == "c51":
-            self.net.reset_row_noise(cfg.envs, self.gen)
+    def _collect_noise(self, k: int) -> bool | str:
+        """The noise of collection step k for the noisy layers (outside the compiled step):
+        per-env samples drawn now from the agent's generator, or the block's shared sample k
+        (`_noise_banks`); the forward's noise mode."""
+        if self.cfg.noisy and self.collect_noise is None:
+            self.net.reset_row_noise(self.cfg.envs, self.gen)
             return "rows"
-        if cfg.noisy:
-            self.net.draw_noise(self.gen)
-            if factorise:
-                factorise_(self.net.noise_buffer())
+        if self.cfg.noisy:
+            self.net.noise_buffer().copy_(self.collect_noise[k])
         return True
-
-    def _collect_step(self, u: torch.Tensor) -> None:
-        """One step of every env: act (epsilon-greedy on `u`, or noisy), step, and write the
-        oldest step of each env's n-step window to the replay."""
-        self._collect_act(u, self._collect_noise())
 
     def _collect_act(self, u: torch.Tensor, noise: bool | str) -> None:
         cfg, env = self.cfg, self.env
@@ -875,10 +882,18 @@ class RainbowAgent(AgentState):
 
     def _collect_block(self) -> None:
         for k in range(self.cfg.collect_steps):
-            self.collect_fn(self.u_collect[k], self._collect_noise())
+            self.collect_fn(self.u_collect[k], self._collect_noise(k))
+
+    def _draw_collect(self) -> None:
+        """A collection block's draws: each step's uniforms, then the noisy layers' shared
+        samples."""
+        self.u_collect.uniform_(generator=self.gen)
+        if self.collect_noise is not None:
+            self.collect_noise.normal_(generator=self.gen)
+            factorise_(self.collect_noise)
 
     def collect(self) -> None:
-        self.u_collect.uniform_(generator=self.gen)
+        self._draw_collect()
         if "collect" in self.graphs:
             self.graphs["collect"].replay()
         else:
@@ -967,9 +982,9 @@ class RainbowAgent(AgentState):
 
     def _learn_step(self) -> None:
         cfg = self.cfg
-        if cfg.noisy:
-            self.net.reset_noise(self.gen)
-            self.target.reset_noise(self.gen)
+        if cfg.noisy:  # this step's row of the block's samples; the row after it next
+            self.noise_now.copy_(self.learn_noise.index_select(0, self.learn_i)[0])
+            self.learn_i.add_(1).remainder_(cfg.learn_steps)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
         idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
@@ -991,7 +1006,16 @@ class RainbowAgent(AgentState):
             self.target_flat.lerp_(self.flat, self.cfg.tau)
         return gn
 
+    def _draw_learn(self) -> None:
+        """A learning block's noise samples, drawn before its steps (which draw their replay
+        samples' uniforms each)."""
+        if self.learn_noise is not None:
+            self.learn_noise.normal_(generator=self.gen)
+            factorise_(self.learn_noise)
+            self.learn_i.zero_()
+
     def learn(self) -> None:
+        self._draw_learn()
         g = self.graphs.get("learn")
         for _ in range(self.cfg.learn_steps):
             if g is not None:
@@ -1029,7 +1053,7 @@ class RainbowAgent(AgentState):
         def warmup():
             for _ in range(3):
                 self._learn_step()
-            self.collect_fn(self.u_collect[0], self._collect_noise())
+            self.collect_fn(self.u_collect[0], self._collect_noise(0))
 
         blocks = {"learn": self._learn_step, "collect": self._collect_block}
         self.graphs.update(capture_restoring(self, warmup, blocks))

@@ -54,6 +54,8 @@ STACKED = (
     "env.t", "env.pos", "env.entry", "env.hold", "env.steps",
     "h_i", "h_s", "h_d", "h_v", "u_collect", "stats", "eps", "replay.beta",
 )  # fmt: skip
+# ... with noisy nets, the banks of a block's noise samples (RainbowAgent._noise_banks) ...
+NOISE_BANKS = ("collect_noise", "learn_noise")
 # ... and those one configuration and one fold make the same for all: one tensor, shared.
 SHARED = ("z", "env.lo", "env.hi", "env.episode_bars")
 
@@ -107,34 +109,42 @@ def _stacked_params(net: torch.nn.Module, big: torch.Tensor, grad: bool) -> dict
     return out
 
 
-def _stack_noise(nets: list, rows: int | None) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """The noisy layers' noise buffers of the agents' networks stacked, name -> [K, ...] (the
-    names functional_call knows them by), and the stacked flat buffer of their shared samples,
-    [K, N]: each network's flat buffer (`QNet.noise_buffer`) becomes its row, so that its own
-    draws land in the stack. With `rows`, the per-row buffers too (the collecting network's,
-    allocated at that many envs), each agent's a view of its row."""
-    flat = torch.stack([net.noise_buffer() for net in nets])
-    for k, net in enumerate(nets):
-        net.view_noise(flat[k])
-    out, off = {}, 0
-    layers = [[(n, m) for n, m in net.named_modules() if isinstance(m, NoisyLinear)]
-              for net in nets]  # fmt: skip
-    for i, (name, m0) in enumerate(layers[0]):
-        for buf in ("eps_in", "eps_out"):
-            n = getattr(m0, buf).numel()
-            out[f"{name}.{buf}"] = flat[:, off : off + n]
-            off += n
-        if rows is None:
-            continue
-        mods = [per[i][1] for per in layers]
-        for m in mods:
-            m.row_noise(rows)
-        for buf in ("row_in", "row_out"):
-            big = torch.stack([getattr(m, buf) for m in mods])
-            for k, m in enumerate(mods):
-                setattr(m, buf, big[k])
-            out[f"{name}.{buf}"] = big
-    return out, flat
+def _stack_noise(agents: list, rows: int | None) -> tuple[dict, dict, torch.Tensor]:
+    """The agents' noise buffers stacked: each agent's `noise_now` (its online and target
+    networks' shared samples, RainbowAgent._noise_banks) becomes row k of one [K, N] tensor,
+    and the names functional_call knows the layers' buffers by map to its columns, name ->
+    [K, ...], for the online network and the target. With `rows`, the online network's per-row
+    buffers too (allocated at that many envs), each agent's a view of its row. Returns those
+    two name maps and the stacked samples."""
+    flat = torch.stack([a.noise_now for a in agents])
+    n_net = agents[0].net.noise_buffer().numel()
+    for k, a in enumerate(agents):
+        a.noise_now = flat[k]
+        a.net.view_noise(flat[k, :n_net])
+        a.target.view_noise(flat[k, n_net:])
+    maps, off = [], 0
+    for which in ("net", "target"):
+        out = {}
+        for name, m in getattr(agents[0], which).named_modules():
+            if isinstance(m, NoisyLinear):
+                for buf in ("eps_in", "eps_out"):
+                    n = getattr(m, buf).numel()
+                    out[f"{name}.{buf}"] = flat[:, off : off + n]
+                    off += n
+        maps.append(out)
+    if rows is not None:
+        layers = [[(n, m) for n, m in a.net.named_modules() if isinstance(m, NoisyLinear)]
+                  for a in agents]  # fmt: skip
+        for i, (name, _) in enumerate(layers[0]):
+            mods = [per[i][1] for per in layers]
+            for m in mods:
+                m.row_noise(rows)
+            for buf in ("row_in", "row_out"):
+                big = torch.stack([getattr(m, buf) for m in mods])
+                for k, m in enumerate(mods):
+                    setattr(m, buf, big[k])
+                maps[0][f"{name}.{buf}"] = big
+    return maps[0], maps[1], flat
 
 
 def _bind(net: torch.nn.Module, params: dict):
@@ -200,7 +210,9 @@ class StackedRainbow:
         self.cfg, self.device = a0.cfg, a0.device
         self.rounds = a0.rounds
         self.t: dict[str, torch.Tensor] = {}
-        for path in STACKED:
+        for path in STACKED + (NOISE_BANKS if a0.cfg.noisy else ()):
+            if _get(a0, path) is None:  # per-env noise: no bank of collection samples
+                continue
             big = torch.stack([_get(a, path) for a in self.agents])
             for k, a in enumerate(self.agents):
                 _set(a, path, big[k])
@@ -218,10 +230,9 @@ class StackedRainbow:
         self.TP = _stacked_params(a0.target, self.T, grad=False)
         self.P_acting = {n: p.detach() for n, p in self.P.items()}  # collection needs no grad
         # Noisy nets: the noise buffers, stacked; each agent draws into its row as alone.
-        self.NB, self.noise = _stack_noise([a.net for a in self.agents], self.cfg.envs) \
-            if a0.cfg.noisy else ({}, None)  # fmt: skip
-        self.TB, self.target_noise = _stack_noise([a.target for a in self.agents], None) \
-            if a0.cfg.noisy else ({}, None)  # fmt: skip
+        self.NB, self.TB, self.noise = _stack_noise(self.agents, self.cfg.envs) \
+            if a0.cfg.noisy else ({}, {}, None)  # fmt: skip
+        self.learn_i = a0.learn_i  # the stack's learning steps advance agent 0's row
         self.opt = torch.optim.Adam([self.W], **{
             k: a0.opt.defaults[k] for k in ("lr", "eps", "weight_decay", "decoupled_weight_decay",
                                             "capturable", "foreach")})  # fmt: skip
@@ -274,13 +285,15 @@ class StackedRainbow:
         return u.new_zeros(())  # vmap wants an output; the step's are in place
 
     def _collect_steps(self, steps: range) -> None:
-        st = {p: v for p, v in self.t.items() if p != "u_collect"}
-        u = self.t["u_collect"]
+        st = {p: v for p, v in self.t.items() if p not in ("u_collect", *NOISE_BANKS)}
+        u, bank = self.t["u_collect"], self.t.get("collect_noise")
         for k in steps:
-            for a in self.agents:  # each agent draws its noise as it would alone
-                noise = a._collect_noise(factorise=False)  # the forward's noise mode, one for all
-            if self.noise is not None and noise is True:
-                factorise_(self.noise)  # f of every agent's shared sample, as each would alone
+            noise = True
+            if bank is not None:  # every agent's shared sample k, in one copy
+                self.noise[:, : bank.shape[2]].copy_(bank[:, k])
+            elif self.noise is not None:
+                for a in self.agents:  # per-env noise: each agent draws as it would alone
+                    noise = a._collect_noise(k)
             step = functools.partial(self._collect_one, noise=noise)
             vmap(step)(st, self.P_acting | self.NB, u[:, k])
 
@@ -290,6 +303,10 @@ class StackedRainbow:
     def collect(self) -> None:
         for a in self.agents:  # each agent's draws from its own generator, as alone
             a.u_collect.uniform_(generator=a.gen)
+            if a.collect_noise is not None:
+                a.collect_noise.normal_(generator=a.gen)
+        if "collect_noise" in self.t:
+            factorise_(self.t["collect_noise"])  # f of every agent's samples, as each alone
         if "collect" in self.graphs:
             self.graphs["collect"].replay()
         else:
@@ -341,14 +358,11 @@ class StackedRainbow:
 
     def _learn_step(self) -> None:
         B, us = self.cfg.batch_size, []
+        if self.cfg.noisy:  # each agent's row of its block's samples (RainbowAgent._learn_step)
+            self.noise.copy_(self.t["learn_noise"].index_select(1, self.learn_i)[:, 0])
+            self.learn_i.add_(1).remainder_(self.cfg.learn_steps)
         for a in self.agents:  # each agent's draws in the order of its own learning step
-            if self.cfg.noisy:
-                a.net.draw_noise(a.gen)
-                a.target.draw_noise(a.gen)
             us.append(torch.rand(B, device=self.device, generator=a.gen))
-        if self.cfg.noisy:  # f over every agent's samples at once: what each applies alone
-            factorise_(self.noise)
-            factorise_(self.target_noise)
         u = torch.stack(us)
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
@@ -362,6 +376,15 @@ class StackedRainbow:
             t = self.t
             vmap(self._record_one)(t["replay.prio"], t["replay.max_prio"], t["stats"], idx, per,
                                    aux, gn)  # fmt: skip
+
+    def _draw_learn(self) -> None:
+        """Each agent's noise samples of the block, from its own generator (as
+        RainbowAgent._draw_learn), f over all of them at once."""
+        if self.cfg.noisy:
+            for a in self.agents:
+                a.learn_noise.normal_(generator=a.gen)
+            factorise_(self.t["learn_noise"])
+            self.learn_i.zero_()
 
     def learn(self) -> None:
         """The learning steps of every agent, which must stand at the same Adam step (the same
