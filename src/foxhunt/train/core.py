@@ -115,10 +115,9 @@ class TrainConfig:
     """With `seeds`, DQN agents that can be (all but IQN's) are stacked into one
     (foxhunt.train.agents.dqn_stacked): each collection and learning step runs once for every
     seed, in kernels as many times wider, instead of once per seed (on a GPU, on streams).
-    auto: on a GPU, unless the agents have noisy nets (their K noise draws a step make
-    stacking slower than streams there). Stacked, each seed's metrics equal its own task's to
-    float rounding, not bit for bit (a wider kernel sums in another order; on a CPU at one
-    thread, bit for bit); off keeps each seed's own kernels, bit for bit as alone."""
+    auto: on a GPU. Stacked, each seed's metrics equal its own task's to float rounding, not bit
+    for bit (a wider kernel sums in another order; on a CPU at one thread, bit for bit); off
+    keeps each seed's own kernels, bit for bit as alone."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -656,7 +655,8 @@ def _run(
                            state, logger, writer, on_epoch_end)
                      for (tcfg, digest, run_dir), state, logger in zip(tasks, states, loggers,
                                                                        strict=True)],
-                    device, stack=cfg.stack_seeds,
+                    device, stack={"auto": device.type == "cuda", "on": True,
+                                   "off": False}[cfg.stack_seeds],
                 )  # fmt: skip
         except BaseException as e:
             # Killed (SIGTERM from Kubernetes, Ctrl-C) or failed: the MLflow runs say which.
@@ -695,18 +695,7 @@ class _Fold:
     position: int
 
 
-def _stacks(mode: str, device: torch.device, agents: list) -> bool:
-    """Whether `_drive` stacks the agents, by TrainConfig.stack_seeds. auto: on a GPU, where
-    stacking is the faster form, that is, not with noisy nets: each agent draws its noise from
-    its own generator, K draws a step, and 8 noisy agents stacked took 3.43x one agent's epoch
-    against 2.53x on streams (H200, 2026-12-04, bench_cohort --sizes demo --compile --set
-    noisy=true epsilon=0)."""
-    if mode == "auto":
-        return device.type == "cuda" and not getattr(agents[0].cfg, "noisy", False)
-    return mode == "on"
-
-
-def _drive(tasks: list, device: torch.device, stack: str = "off") -> list[TrainResult]:
+def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[TrainResult]:
     """Run the tasks (`_task` generators) in step and return their results. A task yields
     `_Built` once its agent is built, `_Train` for each epoch's collection and learning, which
     run here for every task that asks at once (foxhunt.train.cohort; on a GPU, with more than
@@ -715,11 +704,11 @@ def _drive(tasks: list, device: torch.device, stack: str = "off") -> list[TrainR
     the tasks share the data and its normaliser, so they train one fold at a time (a task that
     stopped early, or that resumed past a fold, waits for the others).
 
-    With `stack` (TrainConfig.stack_seeds, `_stacks`), agents that can be stacked
-    (foxhunt.train.agents.dqn_stacked) are, before any captures its graphs: an epoch that
-    every task trains, all at the same epoch, is then one stacked epoch. When only some train
-    (the others finished, stopped early or wait at another fold) or they resumed at different
-    epochs, those run on their own, each capturing its graphs the first time."""
+    With `stack`, agents that can be stacked (foxhunt.train.agents.dqn_stacked) are,
+    before any captures its graphs: an epoch that every task trains, all at the same epoch, is
+    then one stacked epoch. When only some train (the others finished, stopped early or wait at
+    another fold) or they resumed at different epochs, those run on their own, each capturing
+    its graphs the first time."""
     n = len(tasks)
     streams = (
         [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
@@ -737,7 +726,7 @@ def _drive(tasks: list, device: torch.device, stack: str = "off") -> list[TrainR
         advance(i)  # each task builds its agent
     built = [w.agent for w in wants]
     stacked = None
-    if n > 1 and _stacks(stack, device, built) and stackable(built) is None:
+    if stack and n > 1 and stackable(built) is None:
         stacked = StackedRainbow(built)
         log.info("the %d seeds' agents stacked into one (foxhunt.train.agents.dqn_stacked)", n)
         if built[0].cfg.capture == "graph":
