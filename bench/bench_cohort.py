@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import model_config, results_path, standard_market
+from foxhunt.bench.workload import STANDARD_DQN, model_config, results_path, standard_market
 from foxhunt.train import demo
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.cohort import Cohort
@@ -109,7 +109,7 @@ def main() -> None:
     if args.sizes == "demo":  # the demo's config, captured (and compiled) as on a GPU
         cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
     else:
-        cfg = model_config(args.model, sets)
+        cfg = model_config(args.model, sets | (STANDARD_DQN if args.model == "dqn" else {}))
     over = {}
     for kv in args.set:
         field, sep, value = kv.partition("=")

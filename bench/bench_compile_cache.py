@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from foxhunt.bench.workload import results_path, standard_market
+from foxhunt.bench.workload import STANDARD_DQN, results_path, standard_market
 
 CHILD = """
 import json, sys, time
@@ -94,7 +94,7 @@ def main() -> None:
     market = Path(work.name) / "market.npz"  # what a task maps from its fxcache, made once
     np.savez(market, **dict(zip(("feats", "ofi", "ohlc"), standard_market(n), strict=True)))
     for model in args.models.split(","):
-        sets = {"compile": True}
+        sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
         if args.cpu_smoke:
             sets |= {"tlob": {"window": 8, "hidden": 8, "layers": 1, "batch_size": 32,
                               "steps": 2},

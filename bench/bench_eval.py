@@ -49,7 +49,8 @@ def main() -> None:
     data = MarketData(feats, ofi, ohlc, dev)
     train = (0, int(n * 0.6))
     val = (train[1], train[1] + n * 29 // 200)
-    cfg = DQNConfig(capture="eager", compile=False, **(TINY if smoke else {}))
+    cfg = DQNConfig(capture="eager", compile=False, noisy=False, dense_inputs=False,
+                    **(TINY if smoke else {}))  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(), data, 0)
     agent.reset_fold(*train, seed=1)
     for e in range(2):

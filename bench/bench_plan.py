@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import results_path, standard_fxcache
+from foxhunt.bench.workload import STANDARD_DQN, results_path, standard_fxcache
 
 CHILD = """
 import json, sys, time
@@ -105,11 +105,13 @@ def main() -> None:
                "device": "cpu" if smoke else "cuda",
                "eval_segments": args.eval_segments,
                "compile_eval": args.compile_eval != "off"}  # fmt: skip
+        if args.model == "dqn":  # the standard workload's exploration, not the GPU defaults
+            cfg["dqn"] = dict(STANDARD_DQN)
         if smoke:
-            cfg[args.model] = ({"envs": 64, "batch_size": 64, "learn_steps": 8,
-                                "collect_steps": 8, "replay_capacity": 4096}
-                               if args.model == "dqn" else
-                               {"envs": 64, "rollout_steps": 8, "rounds": 1})  # fmt: skip
+            small = ({"envs": 64, "batch_size": 64, "learn_steps": 8, "collect_steps": 8,
+                      "replay_capacity": 4096} if args.model == "dqn" else
+                     {"envs": 64, "rollout_steps": 8, "rounds": 1})  # fmt: skip
+            cfg[args.model] = cfg.get(args.model, {}) | small
         phases = {"cold cache": cfg["compile_eval"], "warm cache": cfg["compile_eval"]}
         if args.compile_eval == "both":
             phases["warm cache again"] = False

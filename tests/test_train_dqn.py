@@ -193,6 +193,27 @@ def test_fused_c51_target_asked_for_where_it_cannot_run_is_refused():
     assert DQNConfig().resolved(torch.device("cpu")).triton_target is False
 
 
+def test_exploration_and_inputs_default_by_device_and_what_is_set_wins():
+    """On a GPU noisy nets with dense inputs and epsilon 0; on a CPU epsilon-greedy 0.1 on the
+    first layer's inputs; epsilon follows the exploration unless set; the speed benchmarks'
+    standard workload stays epsilon-greedy on a GPU."""
+    from foxhunt.bench.workload import STANDARD_DQN
+
+    def got(cfg, dev):
+        r = cfg.resolved(torch.device(dev))
+        return r.noisy, r.dense_inputs, r.epsilon
+
+    assert got(DQNConfig(), "cuda") == (True, True, 0.0)
+    assert got(DQNConfig(), "cpu") == (False, False, 0.1)
+    assert got(DQNConfig(noisy=False), "cuda") == (False, True, 0.1)
+    assert got(DQNConfig(noisy=True), "cpu") == (True, False, 0.0)
+    assert got(DQNConfig(noisy=True, epsilon=0.05, dense_inputs=False), "cuda") == (
+        True, False, 0.05)  # fmt: skip
+    assert got(DQNConfig(**STANDARD_DQN), "cuda") == (False, False, 0.1)
+    with pytest.raises(ValueError, match=r"epsilon = 1.5: must be in \[0, 1\]"):
+        DQNConfig(epsilon=1.5)
+
+
 def test_derived_support_holds_the_discounted_returns_of_a_held_position():
     rng = np.random.default_rng(0)
     r = torch.tensor(rng.standard_t(4, 20_000) * 3.0, dtype=torch.float32)  # fat tails, bp

@@ -33,7 +33,7 @@ def run_epochs(
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=compile_, precision=precision,
-        distribution=distribution, noisy=True, epsilon=0.0, n_step=3,
+        distribution=distribution, noisy=True, epsilon=0.0, n_step=3, dense_inputs=False,
         triton_target=triton_target,
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
@@ -319,7 +319,7 @@ def test_agent_sizes_from_the_device(tmp_path, monkeypatch):
 
     monkeypatch.setenv("FOXHUNT_SIZE_CACHE", str(tmp_path / "sizes.json"))
     data = gpu_data()
-    cfg = DQNConfig(learn_steps=8, collect_steps=4)
+    cfg = DQNConfig(learn_steps=8, collect_steps=4, noisy=False, dense_inputs=False)
     got, chosen = agent_sizes(RainbowAgent, cfg, EnvConfig(), data)
     assert chosen.source == "probed" and 0 < chosen.peak_bytes <= chosen.budget_bytes
     if torch.cuda.get_device_properties(0).total_memory > 100 * 2**30:
@@ -434,7 +434,7 @@ def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, 
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=False, precision=precision, n_step=3,
-        **kw,
+        **({"noisy": False, "dense_inputs": False} | kw),
     )  # fmt: skip
     agents = [RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=s) for s in seeds]
     cohort = Cohort(agents, stacked=len(seeds) > 1)
@@ -490,7 +490,7 @@ def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tm
     fold = json.loads(folds.read_text())["folds"][0]["fold"]
     dqn = DQNConfig(
         hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
-        batch_size=512, replay_capacity=32_768, n_step=3,
+        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=False,
     )  # fmt: skip
 
     def cfg(out: str) -> TrainConfig:

@@ -151,8 +151,10 @@ def _spec(
     r: int,
     cache: tuple[Path, int] | None = None,
 ) -> dict:
+    from foxhunt.bench.workload import STANDARD_DQN
+
     gpu = device == "cuda"
-    sets = dict(sets)
+    sets = (STANDARD_DQN if model == "dqn" else {}) | dict(sets)  # the standard workload's
     if (
         cfg.supervised_steps
         and "steps" in _known_fields(model)

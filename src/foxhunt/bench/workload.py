@@ -52,6 +52,11 @@ def standard_market(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.n
     return feats, ofi, np.stack([openp, high, low, close], 1)
 
 
+STANDARD_DQN = {"noisy": False, "dense_inputs": False}
+"""The standard workload's DQN exploration and inputs (../shared/bench/README.md: epsilon-greedy,
+the state into the first layer only), which the speed benchmarks keep, where `foxhunt train`'s
+GPU defaults add noisy nets and dense inputs (DQNConfig.noisy)."""
+
 STANDARD_SPAN_NS = 2_000_000 * 9 * 10**9
 """The standard market's time span as an fxcache: 2M bars 9 s apart, ~7 months (three folds of
 3 months of train, 1 of val and 1 of test, a month apart)."""
