@@ -22,9 +22,11 @@ kernels sum in other orders, and the replays are sampled by one scan over all of
 (`sample_rows`): equal to a lone agent's to float tolerance (tests/test_train_gpu.py).
 
 The agents share one configuration (their seeds differ) and train one fold at a time, and so
-the C51 support and the envs' range, which those decide alike for all. With noisy nets,
-a noisy network's noise buffers are stacked like the rest, each agent drawing into its own row
-before the vmapped step, as it would alone. IQN draws its quantile fractions inside the code
+the C51 support and the envs' range, which those decide alike for all. With noisy nets, the
+banks of a block's noise samples are stacked like the rest: each agent draws its block into its
+own row from its own generator, as it would alone, f runs once over all of them, and each step
+copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
+take 2.41x one agent's epoch, 2.65x on streams). IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
