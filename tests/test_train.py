@@ -45,15 +45,20 @@ def test_same_seed_same_metrics_and_another_seed_differs(demo_es, tmp_path):
     assert metrics_of(a) != metrics_of(c)
 
 
-def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tmp_path):
-    full = run_train(tiny_cfg(demo_es, tmp_path / "full"), NullLogger())
+NOISY_DENSE = dataclasses.replace(TINY, noisy=True, epsilon=0.0, dense_inputs=True)
+"""The GPU defaults' exploration and inputs at tiny sizes: a block's noise drawn at its start."""
+
+
+@pytest.mark.parametrize("dqn", [TINY, NOISY_DENSE], ids=["epsilon", "noisy-dense"])
+def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tmp_path, dqn):
+    full = run_train(tiny_cfg(demo_es, tmp_path / "full", dqn=dqn), NullLogger())
     assert len(full.folds) == 2
 
     def kill(fold, epoch):
         if (fold, epoch) == (0, 1):
             raise Killed
 
-    cfg = tiny_cfg(demo_es, tmp_path / "killed")
+    cfg = tiny_cfg(demo_es, tmp_path / "killed", dqn=dqn)
     with pytest.raises(Killed):
         run_train(cfg, NullLogger(), on_epoch_end=kill)
     resumed = run_train(cfg, NullLogger())
@@ -215,10 +220,11 @@ def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
-def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
-    """Noisy nets (noise drawn per env while collecting) stack too: --seeds 1 2 stacked, each
-    seed's results through `foxhunt train` (its evaluation, checkpoints, resume files) equal
-    its own task's, bit for bit at one thread."""
+@pytest.mark.parametrize("per_env", [True, False], ids=["per-env", "shared"])
+def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch, per_env):
+    """Noisy nets (noise drawn per env while collecting, or a block's shared samples) stack
+    too: --seeds 1 2 stacked, each seed's results through `foxhunt train` (its evaluation,
+    checkpoints, resume files) equal its own task's, bit for bit at one thread."""
     from foxhunt.train import core
 
     kinds = []
@@ -232,7 +238,7 @@ def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeyp
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        noisy = dataclasses.replace(TINY, noisy=True, epsilon=0.0, noise_per_env=True)
+        noisy = dataclasses.replace(TINY, noisy=True, epsilon=0.0, noise_per_env=per_env)
         kw = dict(stack_seeds="on", epochs=2, fold_ids=(0,), dqn=noisy)
         both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(1, 2), **kw))
         assert set(kinds) == {"StackedRainbow"}, kinds  # stacked, not side by side
