@@ -890,13 +890,14 @@ class RainbowAgent(AgentState):
         for k in range(self.cfg.collect_steps):
             self.collect_fn(self.u_collect[k], self._collect_noise(k))
 
-    def _draw_collect(self) -> None:
+    def _draw_collect(self, factorise: bool = True) -> None:
         """A collection block's draws: each step's uniforms, then the noisy layers' shared
-        samples."""
+        samples (without `factorise` left as drawn: stacked agents apply f to all at once)."""
         self.u_collect.uniform_(generator=self.gen)
         if self.collect_noise is not None:
             self.collect_noise.normal_(generator=self.gen)
-            factorise_(self.collect_noise)
+            if factorise:
+                factorise_(self.collect_noise)
 
     def collect(self) -> None:
         self._draw_collect()
@@ -1012,12 +1013,13 @@ class RainbowAgent(AgentState):
             self.target_flat.lerp_(self.flat, self.cfg.tau)
         return gn
 
-    def _draw_learn(self) -> None:
+    def _draw_learn(self, factorise: bool = True) -> None:
         """A learning block's noise samples, drawn before its steps (which draw their replay
-        samples' uniforms each)."""
+        samples' uniforms each); `factorise` as in `_draw_collect`."""
         if self.learn_noise is not None:
             self.learn_noise.normal_(generator=self.gen)
-            factorise_(self.learn_noise)
+            if factorise:
+                factorise_(self.learn_noise)
             self.learn_i.zero_()
 
     def learn(self) -> None:

@@ -304,9 +304,7 @@ class StackedRainbow:
 
     def collect(self) -> None:
         for a in self.agents:  # each agent's draws from its own generator, as alone
-            a.u_collect.uniform_(generator=a.gen)
-            if a.collect_noise is not None:
-                a.collect_noise.normal_(generator=a.gen)
+            a._draw_collect(factorise=False)
         if "collect_noise" in self.t:
             factorise_(self.t["collect_noise"])  # f of every agent's samples, as each alone
         if "collect" in self.graphs:
@@ -380,13 +378,13 @@ class StackedRainbow:
                                    aux, gn)  # fmt: skip
 
     def _draw_learn(self) -> None:
-        """Each agent's noise samples of the block, from its own generator (as
-        RainbowAgent._draw_learn), f over all of them at once."""
-        if self.cfg.noisy:
-            for a in self.agents:
-                a.learn_noise.normal_(generator=a.gen)
+        """Each agent's noise samples of the block, from its own generator (its own
+        `_draw_learn`, which also rewinds agent 0's row counter, the stack's), f over all of
+        them at once."""
+        for a in self.agents:
+            a._draw_learn(factorise=False)
+        if "learn_noise" in self.t:
             factorise_(self.t["learn_noise"])
-            self.learn_i.zero_()
 
     def learn(self) -> None:
         """The learning steps of every agent, which must stand at the same Adam step (the same
