@@ -485,6 +485,14 @@ def test_stacked_agents_compiled_match_each_alone_within_float_tolerance(kw):
     for i, s in enumerate((7, 8)):
         alone, w_alone = run_stacked("graph", "fp32", seeds=(s,), epochs=1, learn_steps=1, **kw)
         for k in alone[0][0]:
+            if k.startswith("charts/collect_"):
+                # Compiled, the stacked and the lone forward round otherwise, and where two
+                # actions' values tie to rounding one of the epoch's 16,384 decisions may go the
+                # other way (seen once, noisy nets: one env-step flat rather than long): the
+                # shares of directions within two decisions, the reward within two bars' returns.
+                assert abs(stacked[0][i][k] - alone[0][0][k]) <= 2 / (1024 * 16) * (
+                    1e4 * 2e-3 if k.endswith("reward_bps") else 1), k  # fmt: skip
+                continue
             assert stacked[0][i][k] == pytest.approx(alone[0][0][k], rel=1e-4, abs=1e-6), k
         torch.testing.assert_close(w_stacked[i], w_alone[0], rtol=1e-4, atol=1e-6)
 
