@@ -720,8 +720,6 @@ class RainbowAgent(AgentState):
         # C51's next-state target: one Triton kernel on a GPU, the torch form elsewhere.
         self.next_target = c51_triton.next_target if cfg.triton_target else c51_next_target
         self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
-        # The proportional sample compiled too: its scan, search and weights in a few kernels.
-        self.sample_fn = compiled(self.replay.sample) if cfg.compile else self.replay.sample
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         # The support: fixed by the config, or rewritten in place per fold (reset_fold).
         lo, hi = (cfg.v_min, cfg.v_max) if cfg.v_min is not None else (-1.0, 1.0)
@@ -996,7 +994,7 @@ class RainbowAgent(AgentState):
             self.noise_now.copy_(self.learn_noise.index_select(0, self.learn_i)[0])
             self.learn_i.add_(1).remainder_(cfg.learn_steps)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
-        idx, w = self.sample_fn(u)
+        idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
             p.grad = None

@@ -257,7 +257,6 @@ class StackedRainbow:
         self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
         self._update = compiled(self._update_record) if self.cfg.compile else self._update_record
         self._collect_fn = compiled(self._collect_all) if self.cfg.compile else self._collect_all
-        self._sample_fn = compiled(self._sample) if self.cfg.compile else self._sample
 
     def __len__(self) -> int:
         return len(self.agents)
@@ -317,11 +316,10 @@ class StackedRainbow:
             self._collect_block()
 
     # ------------------------------------------------------------------ learn
-    def _sample(self, us: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each agent's proportional sample of its replay (`us`: each agent's uniforms): on a
-        CPU the lone agent's own `Replay.sample` under vmap (the same numbers), on a GPU
-        `sample_rows` (one scan)."""
-        u, prio = torch.stack(us), self.t["replay.prio"]
+    def _sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each agent's proportional sample of its replay: on a CPU the lone agent's own
+        `Replay.sample` under vmap (the same numbers), on a GPU `sample_rows` (one scan)."""
+        prio = self.t["replay.prio"]
         if self.device.type == "cuda":
             return sample_rows(prio, u, self.t["replay.beta"])
         return vmap(self._sample_one)(prio, self.t["replay.beta"], u)
@@ -377,7 +375,8 @@ class StackedRainbow:
             self.learn_i.add_(1).remainder_(self.cfg.learn_steps)
         for a in self.agents:  # each agent's draws in the order of its own learning step
             us.append(torch.rand(B, device=self.device, generator=a.gen))
-        idx, w = self._sample_fn(us)
+        u = torch.stack(us)
+        idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
         for p in self.P.values():  # backward hands over fresh gradient buffers
             p.grad = None
