@@ -1,12 +1,13 @@
 """K Rainbow DQN agents of one configuration trained as one: seeds side by side in wide kernels.
 
-At the demo's sizes one agent's learning step is ~140 kernels of a few microseconds each, and
+At the demo's sizes one agent's learning step is ~120 kernels of a few microseconds each, and
 a GPU runs them far below its width; K agents on CUDA streams overlap them only in part
 (foxhunt.train.cohort). Here the K agents' tensors are stacked along a new first dimension and
 every collection step and learning step runs the single agent's own code
-(`RainbowAgent._collect_step`, `RainbowAgent._loss`) once under `torch.func.vmap`: about as
-many kernels as one agent, each K times wider. On an H200 at the demo's sizes, compiled and
-captured, 8 stacked agents train an epoch in 1.92x one agent's time, against 2.37x on streams
+(`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
+the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
+batch): about as many kernels as one agent, each K times wider. On an H200 at the demo's sizes,
+compiled and captured, 8 stacked agents train an epoch in 1.96x one agent's time
 (docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
@@ -26,7 +27,7 @@ the C51 support and the envs' range, which those decide alike for all. With nois
 banks of a block's noise samples are stacked like the rest: each agent draws its block into its
 own row from its own generator, as it would alone, f runs once over all of them, and each step
 copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
-take 2.41x one agent's epoch, 2.65x on streams). IQN draws its quantile fractions inside the code
+take 2.04x one agent's epoch). IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
