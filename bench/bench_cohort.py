@@ -7,6 +7,8 @@ model's GPU defaults).
                                                     agents small enough to share the GPU
     python3 bench/bench_cohort.py --cpu-smoke       tiny sizes on the CPU: checks the script runs
     python3 bench/bench_cohort.py --set noisy=true epsilon=0     config fields over the sizes
+    python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --profile
+                                                    the kernels of one agent's steps and the stack's
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
 agents each on a CUDA stream of its own (`streams`); for the DQN, K agents stacked into one
@@ -33,7 +35,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import STANDARD_DQN, model_config, results_path, standard_market
+from foxhunt.bench.workload import (
+    STANDARD_DQN,
+    kernel_profile,
+    model_config,
+    results_path,
+    standard_market,
+)
 from foxhunt.train import demo
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.cohort import Cohort
@@ -68,6 +76,13 @@ def time_form(model: str, cfg, data: MarketData, k: int, form: str, args) -> dic
         if e >= args.warmup:
             times.append(time.perf_counter() - t0)
         stats = cohort.read_stats()
+    if args.profile and dev.type == "cuda" and form in ("stacked", "sequential") and (
+        k == 1 or form == "stacked"):  # fmt: skip
+        one = cohort.stack if cohort.stack is not None else agents[0]
+        label = f"{model} {k} {form}"
+        kernel_profile(one._learn_step, f"{label}: a learning step", rows=args.profile_rows)
+        kernel_profile(one._collect_block, f"{label}: a collection block", steps=3,
+                       rows=args.profile_rows)  # fmt: skip
     del cohort, agents
     if dev.type == "cuda":
         torch.cuda.empty_cache()
@@ -83,6 +98,10 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--compile", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="the CUDA kernels of a learning step and a collection block, by name, "
+                    "for one agent and the stack (outside their graphs)")  # fmt: skip
+    ap.add_argument("--profile-rows", type=int, default=25, help="kernels the profile lists")
     ap.add_argument(
         "--forms",
         default="one,sequential,streams,stacked",

@@ -67,7 +67,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import results_path, standard_market
+from foxhunt.bench.workload import kernel_profile, results_path, standard_market
 from foxhunt.train.agents import AGENTS, c51_triton
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
@@ -137,29 +137,11 @@ def time_epochs(agent, evaluator, val, epochs: int, warm: int) -> dict:
 def profile_learn(agent, variant: str, steps: int = 20, rows: int = 30) -> None:
     """Kernel time per learning step (DQN) or per update (PPO, PQN), by kernel name (outside any
     graph: the eager or compiled step as it is captured)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if isinstance(agent, SupervisedAgent):
         step = agent._step
     else:
         step = agent._learn_step if isinstance(agent, RainbowAgent) else agent._update
-    step()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(steps):
-            step()
-        torch.cuda.synchronize()
-    table = {}
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            k = e.name[:90]
-            n, t = table.get(k, (0, 0.0))
-            table[k] = (n + 1, t + e.device_time)
-    total = sum(t for _, t in table.values()) / steps
-    print(f"profile {variant}: {total:.0f} us of kernels per step, "
-          f"{sum(n for n, _ in table.values()) / steps:.0f} kernels", flush=True)  # fmt: skip
-    for k, (n, t) in sorted(table.items(), key=lambda kv: -kv[1][1])[:rows]:
-        print(f"  {t / steps:7.1f} us  {n / steps:4.1f}x  {k}", flush=True)
+    kernel_profile(step, variant, steps, rows)
 
 
 def main() -> None:
@@ -330,7 +312,7 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
                 [agent.flat], lr=cfg.lr, eps=cfg.adam_eps, capturable=True,
                 fused=impl == "fused" or None, foreach=False,
             )  # fmt: skip
-            agent.update_fn = agent._update
+            agent.update_fn = agent._step_update
     agent.reset_fold(*train, seed=1)
     if "floor" in opts:
         agent._learn_step = network_only_step(agent, train)
@@ -359,6 +341,7 @@ def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
         return out.float().square().mean() + nxt
 
     loss_fn = compiled(loss_of) if cfg.compile else loss_of
+    update = compiled(agent._update) if cfg.compile else agent._update
 
     def step() -> None:
         loss = loss_fn(s, s2)
@@ -366,7 +349,7 @@ def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
             p.grad = None
         loss.backward()
         agent.flat.grad = torch.cat([p.grad.reshape(-1) for p in agent.params])
-        agent.update_fn()  # clipping, Adam and the target update, as the real step
+        update()  # clipping, Adam and the target update, as the real step
         with torch.no_grad():
             agent.stats[0] += loss.detach()
 

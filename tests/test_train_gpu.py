@@ -433,8 +433,8 @@ def run_stacked(capture: str, precision: str, seeds=(7, 8, 9), epochs: int = 3, 
     data = gpu_data()
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
-        replay_capacity=32_768, capture=capture, compile=False, precision=precision, n_step=3,
-        **({"noisy": False, "dense_inputs": False} | kw),
+        replay_capacity=32_768, capture=capture, precision=precision, n_step=3,
+        **({"noisy": False, "dense_inputs": False, "compile": False} | kw),
     )  # fmt: skip
     agents = [RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=s) for s in seeds]
     cohort = Cohort(agents, stacked=len(seeds) > 1)
@@ -472,6 +472,57 @@ def test_stacked_agents_match_each_alone_within_float_tolerance(kw):
         for k in alone[0][0]:
             assert stacked[0][i][k] == pytest.approx(alone[0][0][k], rel=1e-4, abs=1e-6), k
         torch.testing.assert_close(w_stacked[i], w_alone[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kw", [{}, NOISY_SHARED], ids=["epsilon", "noisy-shared"])
+def test_stacked_agents_compiled_match_each_alone_within_float_tolerance(kw):
+    """Compiled and captured, as `foxhunt train --seeds` runs them: the stack's collection and
+    learning steps compiled under vmap (C51's Triton target through its vmap rule) against
+    each agent compiled alone, after one epoch of one learning step."""
+    kw = kw | {"compile": True}
+    stacked, w_stacked = run_stacked("graph", "fp32", seeds=(7, 8), epochs=1, learn_steps=1, **kw)
+    for i, s in enumerate((7, 8)):
+        alone, w_alone = run_stacked("graph", "fp32", seeds=(s,), epochs=1, learn_steps=1, **kw)
+        for k in alone[0][0]:
+            if k.startswith("charts/collect_"):
+                # Compiled, the stacked and the lone forward round otherwise, and where two
+                # actions' values tie to rounding one of the epoch's 16,384 decisions may go the
+                # other way (seen once, noisy nets: one env-step flat rather than long): the
+                # shares of directions within two decisions, the reward within two bars' returns.
+                assert abs(stacked[0][i][k] - alone[0][0][k]) <= 2 / (1024 * 16) * (
+                    1e4 * 2e-3 if k.endswith("reward_bps") else 1), k  # fmt: skip
+                continue
+            assert stacked[0][i][k] == pytest.approx(alone[0][0][k], rel=1e-4, abs=1e-6), k
+        torch.testing.assert_close(w_stacked[i], w_alone[0], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_c51_target_kernel_under_vmap_is_each_batch_s_own():
+    """c51_triton's vmap rule (the stacked agents' step): K batches as one of K * B samples
+    give what K calls of the kernel give, bit for bit, for streams of either dtype."""
+    from torch.func import vmap
+
+    from foxhunt.train.agents import c51_triton
+
+    g = torch.Generator("cuda").manual_seed(5)
+    K, B, A, N = 3, 64, 30, 51
+    z = torch.linspace(-4, 4, N, device="cuda")
+    for dtype in (torch.float32, torch.bfloat16):
+        v_on, v_tg = (torch.randn(K, B, 1, N, device="cuda", generator=g).to(dtype)
+                      for _ in range(2))  # fmt: skip
+        a_on, a_tg = (torch.randn(K, B, A, N, device="cuda", generator=g).to(dtype)
+                      for _ in range(2))  # fmt: skip
+        R = torch.randn(K, B, device="cuda", generator=g)
+        disc = torch.rand(K, B, 1, device="cuda", generator=g)
+
+        def one(von, aon, vtg, atg, r, d):
+            return c51_triton.next_target((von, aon), (vtg, atg), r, d, z)
+
+        out, clip = vmap(one)(v_on, a_on, v_tg, a_tg, R, disc)
+        for k in range(K):
+            o, c = one(v_on[k], a_on[k], v_tg[k], a_tg[k], R[k], disc[k])
+            assert torch.equal(out[k], o) and torch.equal(clip[k], c), (dtype, k)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -37,6 +37,33 @@ def results_path(name: str) -> Path:
     return out / name
 
 
+def kernel_profile(step, label: str, steps: int = 20, rows: int = 30) -> dict[str, tuple]:
+    """Run `step()` once, then `steps` times under torch's profiler, and print the CUDA kernels'
+    time per call by kernel name, the largest `rows` first (outside any graph: the step as it
+    is captured). Returns name -> (launches a call, microseconds a call)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    table: dict[str, tuple[float, float]] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            k = e.name[:90]
+            n, t = table.get(k, (0, 0.0))
+            table[k] = (n + 1, t + e.device_time)
+    table = {k: (n / steps, t / steps) for k, (n, t) in table.items()}
+    total = sum(t for _, t in table.values())
+    print(f"profile {label}: {total:.0f} us of kernels per call, "
+          f"{sum(n for n, _ in table.values()):.0f} kernels", flush=True)  # fmt: skip
+    for k, (n, t) in sorted(table.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"  {t:7.1f} us  {n:4.1f}x  {k}", flush=True)
+    return table
+
+
 def standard_market(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The standard workload's market (../shared/bench/README.md): n bars of 42 + 8 i.i.d.
     N(0, 1) features and order-flow columns, closes from a geometric random walk, opens at the

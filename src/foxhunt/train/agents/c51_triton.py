@@ -21,8 +21,8 @@ float rounding, and the choice too except where two actions' expected values are
 (tests/test_train_gpu.py). The kernel has no atomics, so a run is as deterministic as the torch
 form, and eager and captured runs stay bit-identical (both launch this kernel; tested).
 Registered as a `torch.library.triton_op`, so torch.compile traces through it and CUDA graphs
-capture it. There is no vmap rule: the stacked agents (dqn_stacked) use the torch form. The
-kernel alone: `bench/bench_c51_kernel.py`.
+capture it. Under vmap (the stacked agents of dqn_stacked) the K agents' samples run as one
+batch of K * B programs. The kernel alone: `bench/bench_c51_kernel.py`.
 
 `available()` says whether it can run: Triton installed (it ships with torch's CUDA builds)
 and a CUDA device.
@@ -121,6 +121,24 @@ if triton is not None:
             ROUND=rounds, num_warps=NUM_WARPS,
         )  # fmt: skip
         return out, clip
+
+    @_target_op.register_vmap
+    def _target_vmap(info, in_dims, v_on, a_on, v_tg, a_tg, R, disc, z):
+        """The op over K stacked agents (dqn_stacked's vmap): every sample is one program
+        whichever agent it belongs to, so the K batches run as one batch of K * B samples. The
+        agents share the support z (one fold, one configuration)."""
+        if in_dims[-1] is not None:
+            raise NotImplementedError("c51_triton.next_target: one support for all agents")
+        K = info.batch_size
+
+        def rows(x: torch.Tensor, dim: int | None) -> torch.Tensor:  # [K, B, ...] -> [K B, ...]
+            x = x.movedim(dim, 0) if dim is not None else x.expand(K, *x.shape)
+            return x.reshape(-1, *x.shape[2:])
+
+        tensors = (v_on, a_on, v_tg, a_tg, R, disc)
+        args = [rows(x, d) for x, d in zip(tensors, in_dims[:-1], strict=True)]
+        out, clip = _target_op(*args, z)
+        return (out.view(K, -1, *out.shape[1:]), clip.view(K, -1, *clip.shape[1:])), (0, 0)
 
 
 Logits = torch.Tensor | tuple[torch.Tensor, torch.Tensor]

@@ -129,7 +129,7 @@ class DQNConfig:
     demo market at the GPU sizes, costs on, noisy nets with dense inputs earned a test Sharpe of
     22.64 +- 0.37 over six seeds against 18.76 +- 0.58 for epsilon-greedy without (1.15 and
     0.95 of the cost-aware ridge); with costs off both earn ridge's figure. They cost 6% more
-    an epoch of the standard workload (0.296 s against 0.280 s on an H200). At the CPU sizes
+    an epoch of the standard workload (0.293 s against 0.276 s on an H200). At the CPU sizes
     epsilon-greedy 0.1 earns as much, for two thirds of the time (docs/performance.md)."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
@@ -716,7 +716,7 @@ class RainbowAgent(AgentState):
             capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )
-        self.update_fn = compiled(self._update) if cfg.compile else self._update
+        self.update_fn = compiled(self._step_update) if cfg.compile else self._step_update
         # C51's next-state target: one Triton kernel on a GPU, the torch form elsewhere.
         self.next_target = c51_triton.next_target if cfg.triton_target else c51_next_target
         self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
@@ -732,6 +732,10 @@ class RainbowAgent(AgentState):
         self.h_v = torch.zeros(n, E, dtype=torch.bool, device=dev)
         self.u_collect = torch.zeros(cfg.collect_steps, E, 5, device=dev)
         self.stats = torch.zeros(len(STATS), device=dev)
+        # The collection's statistics summed per env, into `stats` once an epoch (read_stats):
+        # a collection step then has no reduction, whose one-block kernel at a few hundred envs
+        # cost more than the rest of the step (reward, |trade|, episode ends, short/flat/long).
+        self.collect_sums = torch.zeros(6, E, device=dev)
         self.eps = torch.full((), cfg.epsilon, device=dev)  # set per epoch (begin_epoch)
         self.state = Observation(data, env_cfg.memory_decay)  # state(t, portfolio) -> [B, IN_DIM]
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
@@ -832,7 +836,7 @@ class RainbowAgent(AgentState):
             init = [*self.init_state.values(), *self.init_state.values()]
             zero = [v for st in self.opt.state.values() for v in st.values() if torch.is_tensor(v)]
             zero += [self.replay.prio, self.replay.ptr, self.h_i, self.h_s, self.h_d, self.h_v]
-            zero += [self.stats]
+            zero += [self.stats, self.collect_sums]
             self._reset_lists = (nets, init, zero)
         nets, init, zero = self._reset_lists
         with torch.no_grad():
@@ -880,11 +884,8 @@ class RainbowAgent(AgentState):
         acts = self.h_i[:, :, 1:].permute(1, 0, 2).reshape(cfg.envs, -1)  # [E, 3 n]
         i = torch.cat([self.h_i[0, :, :1], m[:, None], acts], 1)
         self.replay.add(self.h_s[0], i, self.h_v[0])
-        s = self.stats
-        s[4] += reward.sum()
-        s[5] += filled.abs().sum()
-        s[6] += done.sum()
-        s[8:11] += (ab[:, :1] == self.joint[::10, 0]).sum(0)  # directions taken (graph-safe)
+        side = ab[:, 0] == self.joint[::10, 0, None]  # [3, E]: the direction taken
+        self.collect_sums += torch.cat([torch.stack([reward, filled.abs(), done.float()]), side])
 
     def _collect_block(self) -> None:
         for k in range(self.cfg.collect_steps):
@@ -999,10 +1000,16 @@ class RainbowAgent(AgentState):
             p.grad = None
         loss.backward()
         self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
-        gn = self.update_fn()
+        self.update_fn(idx, per, loss.detach(), q_taken, cql, clipped)
+
+    def _step_update(self, idx, per, loss, q_taken, cql, clipped) -> None:
+        """The update (`_update`), then the sampled slots' new priorities and the step's
+        statistics: compiled as one function, the priorities and statistics fuse with the
+        target update into a few kernels."""
+        gn = self._update()
         with torch.no_grad():
-            self.replay.update(idx, per, cfg.per_alpha)
-            self.stats[0:4] += torch.stack([loss.detach(), gn, q_taken, cql])
+            self.replay.update(idx, per, self.cfg.per_alpha)
+            self.stats[0:4] += torch.stack([loss, gn, q_taken, cql])
             self.stats[7] += clipped
 
     def _update(self) -> torch.Tensor:
@@ -1034,6 +1041,10 @@ class RainbowAgent(AgentState):
 
     def read_stats(self) -> dict[str, float]:
         """The epoch's accumulated statistics (one device -> host read), then zeroed."""
+        sums = self.collect_sums.sum(1)
+        self.stats[4:7] += sums[:3]
+        self.stats[8:11] += sums[3:]
+        self.collect_sums.zero_()
         v = self.stats.tolist()
         self.stats.zero_()
         k, c = max(self.cfg.learn_steps, 1), max(self.cfg.collect_steps * self.cfg.envs, 1)
@@ -1076,7 +1087,7 @@ class RainbowAgent(AgentState):
         st["hist.i"], st["hist.s"], st["hist.d"], st["hist.v"] = (
             self.h_i, self.h_s, self.h_d, self.h_v
         )  # fmt: skip
-        st["support.z"], st["stats"] = self.z, self.stats
+        st["support.z"], st["stats"], st["stats.collect"] = self.z, self.stats, self.collect_sums
         return st
 
     def ensure_optimizer_state(self) -> None:

@@ -1,12 +1,13 @@
 """K Rainbow DQN agents of one configuration trained as one: seeds side by side in wide kernels.
 
-At the demo's sizes one agent's learning step is ~140 kernels of a few microseconds each, and
+At the demo's sizes one agent's learning step is ~120 kernels of a few microseconds each, and
 a GPU runs them far below its width; K agents on CUDA streams overlap them only in part
 (foxhunt.train.cohort). Here the K agents' tensors are stacked along a new first dimension and
 every collection step and learning step runs the single agent's own code
-(`RainbowAgent._collect_step`, `RainbowAgent._loss`) once under `torch.func.vmap`: about as
-many kernels as one agent, each K times wider. On an H200 at the demo's sizes, compiled and
-captured, 8 stacked agents train an epoch in 1.92x one agent's time, against 2.37x on streams
+(`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
+the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
+batch): about as many kernels as one agent, each K times wider. On an H200 at the demo's sizes,
+compiled and captured, 8 stacked agents train an epoch in 1.96x one agent's time
 (docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
@@ -26,7 +27,7 @@ the C51 support and the envs' range, which those decide alike for all. With nois
 banks of a block's noise samples are stacked like the rest: each agent draws its block into its
 own row from its own generator, as it would alone, f runs once over all of them, and each step
 copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
-take 2.41x one agent's epoch, 2.65x on streams). IQN draws its quantile fractions inside the code
+take 2.04x one agent's epoch). IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
@@ -44,7 +45,6 @@ from foxhunt.train.agents.dqn import (
     NoisyLinear,
     RainbowAgent,
     Replay,
-    c51_next_target,
     factorise_,
     importance_weights,
 )
@@ -54,7 +54,8 @@ from foxhunt.train.env import TradingEnv
 STACKED = (
     "replay.fbuf", "replay.ibuf", "replay.prio", "replay.ptr", "replay.max_prio",
     "env.t", "env.pos", "env.entry", "env.hold", "env.steps",
-    "h_i", "h_s", "h_d", "h_v", "u_collect", "stats", "eps", "replay.beta",
+    "h_i", "h_s", "h_d", "h_v", "u_collect", "stats", "collect_sums", "eps",
+    "replay.beta",
 )  # fmt: skip
 # ... with noisy nets, the banks of a block's noise samples (RainbowAgent._noise_banks) ...
 NOISE_BANKS = ("collect_noise", "learn_noise")
@@ -255,7 +256,8 @@ class StackedRainbow:
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
-        self._update = compiled(self._update_all) if self.cfg.compile else self._update_all
+        self._update = compiled(self._update_record) if self.cfg.compile else self._update_record
+        self._collect_fn = compiled(self._collect_all) if self.cfg.compile else self._collect_all
 
     def __len__(self) -> int:
         return len(self.agents)
@@ -275,7 +277,6 @@ class StackedRainbow:
             over[""]["net"] = _bind(a0.net, params)
         if target is not None:
             over[""]["target"] = _bind(a0.target, target)
-        over[""]["next_target"] = c51_next_target  # c51_triton's kernel has no vmap rule
         over[""]["replay"] = _view(Replay, a0.replay, self.names["replay"], over["replay"])
         over[""]["env"] = _view(TradingEnv, a0.env, self.names["env"], over["env"])
         return _view(RainbowAgent, a0, self.names[""], over[""])
@@ -285,6 +286,10 @@ class StackedRainbow:
                      noise: bool | str = True) -> torch.Tensor:  # fmt: skip
         RainbowAgent._collect_act(self._proxy(tensors, params), u, noise)
         return u.new_zeros(())  # vmap wants an output; the step's are in place
+
+    def _collect_all(self, st: dict, params: dict, u: torch.Tensor, noise: bool | str) -> None:
+        """Every agent's collection step: the lone agent's `_collect_act` under vmap."""
+        vmap(functools.partial(self._collect_one, noise=noise))(st, params, u)
 
     def _collect_steps(self, steps: range) -> None:
         st = {p: v for p, v in self.t.items() if p not in ("u_collect", *NOISE_BANKS)}
@@ -296,8 +301,7 @@ class StackedRainbow:
             elif self.noise is not None:
                 for a in self.agents:  # per-env noise: each agent draws as it would alone
                     noise = a._collect_noise(k)
-            step = functools.partial(self._collect_one, noise=noise)
-            vmap(step)(st, self.P_acting | self.NB, u[:, k])
+            self._collect_fn(st, self.P_acting | self.NB, u[:, k], noise)
 
     def _collect_block(self) -> None:
         self._collect_steps(range(self.cfg.collect_steps))
@@ -356,6 +360,15 @@ class StackedRainbow:
             self.T.lerp_(self.W.detach(), self.cfg.tau)
         return gn
 
+    def _update_record(self, g, idx, per, aux) -> None:
+        """`_update_all`, then each agent's new priorities and statistics (as
+        `RainbowAgent._step_update`), in one compiled function."""
+        gn = self._update_all(g)
+        with torch.no_grad():
+            t = self.t
+            vmap(self._record_one)(t["replay.prio"], t["replay.max_prio"], t["stats"], idx, per,
+                                   aux, gn)  # fmt: skip
+
     def _learn_step(self) -> None:
         B, us = self.cfg.batch_size, []
         if self.cfg.noisy:  # each agent's row of its block's samples (RainbowAgent._learn_step)
@@ -371,11 +384,7 @@ class StackedRainbow:
         loss.sum().backward()
         K = len(self.agents)
         self.W.grad = torch.cat([p.grad.reshape(K, -1) for p in self.P.values()], 1)
-        gn = self._update(self.W.grad)
-        with torch.no_grad():
-            t = self.t
-            vmap(self._record_one)(t["replay.prio"], t["replay.max_prio"], t["stats"], idx, per,
-                                   aux, gn)  # fmt: skip
+        self._update(self.W.grad, idx, per, aux)
 
     def _draw_learn(self) -> None:
         """Each agent's noise samples of the block, from its own generator (its own
