@@ -20,7 +20,7 @@ from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, tr
 from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
-from trainruns import Killed, load_normaliser, metrics_of
+from trainruns import EpochRecorder, Killed, load_normaliser, metrics_of
 
 TINY = DQNConfig(
     hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
@@ -51,7 +51,12 @@ NOISY_DENSE = dataclasses.replace(TINY, noisy=True, epsilon=0.0, dense_inputs=Tr
 
 @pytest.mark.parametrize("dqn", [TINY, NOISY_DENSE], ids=["epsilon", "noisy-dense"])
 def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tmp_path, dqn):
-    full = run_train(tiny_cfg(demo_es, tmp_path / "full", dqn=dqn), NullLogger())
+    """The resumed run's results, and every epoch it trains (its losses, collection statistics
+    and val metrics), are the uninterrupted run's. The results alone miss a resume that draws
+    otherwise: with the agent's generator left unrestored they still agreed (the tiny agents'
+    greedy policies hardly move), while the next epoch's statistics did not."""
+    full_log = EpochRecorder()
+    full = run_train(tiny_cfg(demo_es, tmp_path / "full", dqn=dqn), full_log)
     assert len(full.folds) == 2
 
     def kill(fold, epoch):
@@ -61,9 +66,13 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     cfg = tiny_cfg(demo_es, tmp_path / "killed", dqn=dqn)
     with pytest.raises(Killed):
         run_train(cfg, NullLogger(), on_epoch_end=kill)
-    resumed = run_train(cfg, NullLogger())
+    log = EpochRecorder()
+    resumed = run_train(cfg, log)
     assert resumed.resumed
     assert metrics_of(resumed) == metrics_of(full)
+    assert sorted(log.epochs) == [(0, 2), (1, 0), (1, 1), (1, 2)]
+    for key, stats in log.epochs.items():
+        assert stats == full_log.epochs[key], key
     # A finished run resumes to its results at once; another config starts afresh.
     again = run_train(cfg, NullLogger())
     assert again.resumed and metrics_of(again) == metrics_of(full)

@@ -4,6 +4,8 @@ alone through folds and epochs."""
 
 from __future__ import annotations
 
+from foxhunt.train.tracking import NullLogger
+
 
 def metrics_of(res) -> list:
     """Per fold: its id, best epoch, val, test and random-policy metrics."""
@@ -12,6 +14,26 @@ def metrics_of(res) -> list:
 
 class Killed(Exception):
     pass
+
+
+class EpochRecorder(NullLogger):
+    """A tracking logger that logs nothing and keeps each epoch's training statistics and val
+    metrics by (fold, epoch): what two runs compare epoch by epoch, where a run's final metrics
+    may not move with a change in what an epoch draws."""
+
+    def __init__(self) -> None:
+        self.epochs: dict[tuple[int, int], dict[str, float]] = {}
+        self.fold = -1
+
+    def start_fold(self, fold, tags, resume_id=None, name=None, params=None, dataset=None) -> str:
+        self.fold = fold
+        return ""
+
+    def log_metrics(self, metrics, step=None) -> None:
+        if "losses/loss" in metrics:
+            self.epochs[(self.fold, step)] = {
+                k: v for k, v in metrics.items() if not k.startswith("time/")
+            }
 
 
 def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
