@@ -23,7 +23,7 @@ from foxhunt.train.agents.rollout import gae, lambda_returns
 from foxhunt.train.env import BRANCHES, DIRECTIONS, SIZES
 from foxhunt.train.tracking import NullLogger
 from marketdata import random_market
-from trainruns import Killed, metrics_of, served_and_trained_orders
+from trainruns import EpochRecorder, Killed, metrics_of, served_and_trained_orders
 
 PPO_TINY = PPOConfig(
     hidden=(32, 32), envs=16, rollout_steps=16, rounds=2, minibatches=2, update_epochs=2
@@ -228,7 +228,10 @@ def tiny(demo, out, model, **kw) -> TrainConfig:
 
 @pytest.mark.parametrize("model", ["ppo", "pqn"])
 def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_path, model):
-    a = run_train(tiny(demo_es, tmp_path / "a", model, fold_ids=(0,)), NullLogger())
+    """Same seed, same results; a killed task resumes to them, and every epoch it trains after
+    the restart to the uninterrupted run's statistics and val metrics."""
+    a_log = EpochRecorder()
+    a = run_train(tiny(demo_es, tmp_path / "a", model, fold_ids=(0,)), a_log)
     b = run_train(tiny(demo_es, tmp_path / "b", model, fold_ids=(0,)), NullLogger())
     c = run_train(tiny(demo_es, tmp_path / "c", model, fold_ids=(0,), seed=1), NullLogger())
     assert metrics_of(a) == metrics_of(b)
@@ -241,8 +244,12 @@ def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_p
     cfg = tiny(demo_es, tmp_path / "k", model, fold_ids=(0,))
     with pytest.raises(Killed):
         run_train(cfg, NullLogger(), on_epoch_end=kill)
-    resumed = run_train(cfg, NullLogger())
+    log = EpochRecorder()
+    resumed = run_train(cfg, log)
     assert resumed.resumed and metrics_of(resumed) == metrics_of(a)
+    assert log.epochs and all(fold == 0 and epoch >= 2 for fold, epoch in log.epochs)
+    for key, stats in log.epochs.items():
+        assert stats == a_log.epochs[key], key
 
 
 @pytest.mark.parametrize("model", ["ppo", "pqn"])

@@ -30,7 +30,7 @@ class EpochRecorder(NullLogger):
         return ""
 
     def log_metrics(self, metrics, step=None) -> None:
-        if "losses/loss" in metrics:
+        if "eval/val_sharpe" in metrics:  # an epoch's line
             self.epochs[(self.fold, step)] = {
                 k: v for k, v in metrics.items() if not k.startswith("time/")
             }
