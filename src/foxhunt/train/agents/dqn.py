@@ -746,8 +746,8 @@ class RainbowAgent(AgentState):
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
         self._reset_lists = None
         # The collection step compiled as well: its env step, n-step window and replay write
-        # are elementwise work over all envs that inductor fuses (the stack vmaps the plain
-        # `_collect_act` instead).
+        # are elementwise work over all envs that inductor fuses (the stack compiles the plain
+        # `_collect_act` under its vmap).
         self.collect_fn = compiled(self._collect_act) if cfg.compile else self._collect_act
         if cfg.compile:
             self._loss = compiled(self._loss, mode=cfg.compile_mode)
@@ -1004,8 +1004,8 @@ class RainbowAgent(AgentState):
 
     def _step_update(self, idx, per, loss, q_taken, cql, clipped) -> None:
         """The update (`_update`), then the sampled slots' new priorities and the step's
-        statistics: compiled as one function, the priorities and statistics fuse with the
-        target update into a few kernels."""
+        statistics, compiled as one function (the priorities' write-back and the statistics
+        then run as inductor's kernels, not as a dozen eager ones)."""
         gn = self._update()
         with torch.no_grad():
             self.replay.update(idx, per, self.cfg.per_alpha)
