@@ -15,7 +15,8 @@ one compile cache folder: each maps the cache, uploads it once, builds, compiles
 and trains every fold with a validation pass each epoch, the best checkpoint and the test.
 Reported per process: seconds from its start to the end of its first epoch and to its results,
 the epochs' phases summed over all epochs (collection, learning, each epoch's validation: the
-times `foxhunt train` logs), the rest (the start, fold resets, each fold's exact val and test,
+times `foxhunt train` logs), the passes each epoch's validation took (`eval/val_passes`; at most
+evaluate.VAL_PASSES), the rest (the start, fold resets, each fold's exact val and test,
 checkpoints), and the test Sharpe (which says nothing here: the market is noise).
 `--compile-eval both` runs the cold and warm processes with the evaluation's step compiled
 (TrainConfig.compile_eval) and then a third, warm, without it: the A/B in one call.
@@ -36,6 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import STANDARD_DQN, results_path, standard_fxcache
+from foxhunt.train.evaluate import VAL_PASSES
 
 CHILD = """
 import json, sys, time
@@ -48,11 +50,13 @@ from foxhunt.train.tracking import NullLogger
 cfg, marks = json.loads(sys.argv[3]), {}
 class Phases(NullLogger):  # each epoch's phases (collection, learning, validation), summed
     def __init__(self):
-        self.s = {}
+        self.s, self.passes = {}, []
     def log_metrics(self, metrics, step=None):
         for k, v in metrics.items():
             if k.startswith("time/") and k.endswith("_s") and k != "time/epoch_s":
                 self.s[k[5:-2]] = self.s.get(k[5:-2], 0.0) + v
+        if "eval/val_passes" in metrics:  # the passes each epoch's validation took
+            self.passes.append(metrics["eval/val_passes"])
 phases = Phases()
 if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
     cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
@@ -66,7 +70,7 @@ res = run_train(TrainConfig(folds=Path(cfg.pop("folds")), cache=Path(cfg.pop("ca
                 phases, on_epoch_end=on_epoch_end)
 print(json.dumps({"total_s": time.time() - t0, **marks, "upload_ms": res.upload_ms,
                   "test_sharpe": res.aggregate["test_sharpe"], "folds": len(res.folds),
-                  "phases_s": phases.s}))
+                  "phases_s": phases.s, "val_passes": phases.passes}))
 """
 
 
@@ -138,6 +142,11 @@ def main() -> None:
                     f"{k} {v:.1f} s" for k, v in ph.items()) + f"; the rest {rest:.1f} s (the "
                     "start, each fold's reset, exact val and test, checkpoints)",
                     flush=True)  # fmt: skip
+                vp = r["val_passes"]
+                if vp:
+                    print(f"  each epoch's validation: {sum(vp) / len(vp):.2f} passes on average, "
+                          f"{max(vp)} at most, {vp.count(VAL_PASSES)} of {len(vp)} epochs at the "
+                          f"cap of {VAL_PASSES}", flush=True)  # fmt: skip
             out.write_text(json.dumps(res, indent=1))
     print(f"results in {out}")
 

@@ -18,6 +18,7 @@ from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
 from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
+from foxhunt.train.evaluate import VAL_PASSES
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
 from trainruns import EpochRecorder, Killed, load_normaliser, metrics_of
@@ -71,6 +72,7 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert resumed.resumed
     assert metrics_of(resumed) == metrics_of(full)
     assert sorted(log.epochs) == [(0, 2), (1, 0), (1, 1), (1, 2)]
+    assert all(s["eval/val_passes"] in range(1, VAL_PASSES + 1) for s in full_log.epochs.values())
     for key, stats in log.epochs.items():
         assert stats == full_log.epochs[key], key
     # A finished run resumes to its results at once; another config starts afresh.

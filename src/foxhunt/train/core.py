@@ -1048,6 +1048,7 @@ def _task(
                 val |= extra(*ranges["val"])
             check_finite(stats, val, k, epoch)
             metrics = {**stats, **{f"eval/val_{m}": v for m, v in val.items()}}
+            metrics["eval/val_passes"] = evaluator.last_passes  # what the validation cost
             metrics |= {f"time/{p}_s": s for p, s in times.items()}
             metrics["time/epoch_s"] = sum(times.values())
             if val["sharpe"] > best["sharpe"]:
