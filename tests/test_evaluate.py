@@ -85,6 +85,31 @@ def test_a_held_position_needs_the_later_passes():
     assert ra.sum() < r1.sum() - 10 * 0.35e-4
 
 
+def test_a_shorter_range_after_a_longer_one_takes_a_fresh_walk_s_passes():
+    """An evaluator's buffers keep the size of the longest range it walked (or `reserve`d): a
+    shorter range's passes read its own rows alone. Buy and hold after a walk that stayed short
+    over more rows settles in the passes it takes on a fresh evaluator (stale rows read as its
+    own would have kept its pieces from passing their starts on: a pass a piece)."""
+    data = random_market(640, seed=3)
+    fresh = Evaluator(COSTS, data, 16)
+    r1, tr1 = (x.clone() for x in fresh.run(buy_and_hold, 300, 620))
+    assert fresh.last_passes == 3
+
+    def short_and_hold(t, portfolio):
+        return actions(torch.full_like(t, FLAT - 1))
+
+    ev = Evaluator(COSTS, data, 16)
+    ev.run(short_and_hold, 20, 620)
+    r, tr = ev.run(buy_and_hold, 300, 620)
+    assert ev.last_passes == fresh.last_passes
+    assert torch.equal(r, r1) and torch.equal(tr, tr1)
+    reserved = Evaluator(COSTS, data, 16)
+    reserved.reserve(600)  # the longest range up front: one size, one trace and capture
+    rows = reserved.rets.shape[0]
+    reserved.run(buy_and_hold, 300, 620)
+    assert reserved.rets.shape[0] == rows and reserved.last_passes == fresh.last_passes
+
+
 def test_a_sizeable_trade_run_settles_in_a_few_short_passes():
     score = torch.tensor(np.random.default_rng(5).normal(size=640), dtype=torch.float32)
     data = random_market(640, seed=3)

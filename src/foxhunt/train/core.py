@@ -952,6 +952,10 @@ def _task(
     evaluator = Evaluator(
         cfg.env, data, segments, capture=agent.cfg.capture == "graph", compile=compile_eval
     )
+    # Sized for the task's longest val or test range at once: its step is traced (compiled)
+    # and captured once for every range, not again at the first longer one.
+    evaluator.reserve(max(hi - lo for f in folds for part, (lo, hi) in fold_ranges(f).items()
+                          if part != "train"))  # fmt: skip
     # The baselines step through the same env, costs and metrics in at least 64 pieces (the
     # same result in fewer steps than a test's 4).
     base_eval = Evaluator(cfg.env, data, max(segments, 64)) if cfg.baselines and main else None

@@ -102,6 +102,12 @@ class Evaluator:
         hold = env.hold if PORTFOLIO[2] in read else zero
         return torch.stack([env.pos, torch.where(env.pos != 0, entry, zero), hold])
 
+    def reserve(self, bars: int) -> None:
+        """Size the buffers for ranges of up to `bars` bars now (a task's longest val or test
+        range), so that every range reuses them: a compiled step is traced, and a captured
+        one captured, once rather than again for each longer range."""
+        self._buffers(math.ceil((bars - 1) / self.segments))
+
     def _buffers(self, L: int) -> None:
         if self.rets is None or self.rets.shape[0] < L:
             K, dev = self.segments, self.data.device
@@ -201,7 +207,8 @@ class Evaluator:
         Where the start is the one this pass used, passing it on gives the predecessor's end
         (the entry stayed, the bars held counted on), as the loop this replaces did."""
         used, end = self.state[0], self.state[L]  # [3, K]
-        side = torch.sign(self.state[:, 0, :live])
+        # This run's rows alone: past row L the buffer holds a longer range's earlier walk.
+        side = torch.sign(self.state[: L + 1, 0, :live])
         held = (side == side[0]).all(0) & (side[0] != 0)  # [live]
         start = used.clone()
         if live < 2:
