@@ -111,6 +111,37 @@ def test_stacked_agents_train_as_each_would_alone(variant):
         torch.set_num_threads(threads)
 
 
+def test_stacked_agents_compiled_train_as_uncompiled():
+    """The stack as a GPU runs it (compiled: the collection step, the losses and the update with
+    each agent's priorities and statistics, each under vmap), on the CPU against the uncompiled
+    stack: one epoch of two agents with the GPU defaults' exploration (noisy nets, a block's
+    noise drawn at its start, dense inputs), the same statistics and weights to float
+    tolerance. Where two actions' values tie to rounding a collection decision may go the
+    other way: the collection's shares within two of the epoch's decisions."""
+    cfg = DQNConfig(**SMALL_DQN, noisy=True, epsilon=0.0, noise_per_env=False, dense_inputs=True)
+    data = random_market(3000, 0)
+    runs = []
+    for compile_ in (False, True):
+        c = dataclasses.replace(cfg, compile=compile_)
+        cohort = Cohort([RainbowAgent(c, EnvConfig(episode_bars=200), data, seed=s)
+                         for s in (11, 12)], stacked=True)  # fmt: skip
+        cohort.reset_fold(100, 2000, [1, 2])
+        cohort.begin_epoch(0, 1)
+        cohort.train_epoch()
+        runs.append((cohort.read_stats(), [a.flat.detach().clone() for a in cohort.agents]))
+    (plain, w_plain), (comp, w_comp) = runs
+    decisions = SMALL_DQN["envs"] * SMALL_DQN["collect_steps"]
+    for a, b in zip(plain, comp, strict=True):
+        for k in a:
+            if k.startswith("charts/collect_"):
+                assert abs(a[k] - b[k]) <= 2 / decisions * (20 if k.endswith("bps") else 1), k
+            else:
+                assert b[k] == pytest.approx(a[k], rel=1e-4, abs=1e-6), k
+    for a, b in zip(w_plain, w_comp, strict=True):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-6)
+    assert plain[0] != plain[1]
+
+
 def test_stacked_agents_snapshot_and_restore_each_on_its_own():
     """A stacked agent's resume state is its own slice: restoring one agent's snapshot after
     more training brings back its statistics and weights and leaves the other agent's alone."""
