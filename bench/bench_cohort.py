@@ -76,8 +76,7 @@ def time_form(model: str, cfg, data: MarketData, k: int, form: str, args) -> dic
         if e >= args.warmup:
             times.append(time.perf_counter() - t0)
         stats = cohort.read_stats()
-    if args.profile and dev.type == "cuda" and form in ("stacked", "sequential") and (
-        k == 1 or form == "stacked"):  # fmt: skip
+    if args.profile and dev.type == "cuda" and (k == 1 or form == "stacked"):  # one, the stack
         one = cohort.stack if cohort.stack is not None else agents[0]
         label = f"{model} {k} {form}"
         kernel_profile(one._learn_step, f"{label}: a learning step", rows=args.profile_rows)

@@ -290,6 +290,15 @@ def factorised_noise_(eps: list[torch.Tensor], generator: torch.Generator | None
     torch._foreach_copy_(eps, mag)
 
 
+def next_noise_row_(dest: torch.Tensor, bank: torch.Tensor, i: torch.Tensor, steps: int,
+                    dim: int = 0) -> None:  # fmt: skip
+    """A learning step's noise: row `i` (a device-side counter) of a block's samples `bank`
+    along `dim` copied into `dest`, and `i` moved on to the next row, wrapping at `steps`
+    (graph-safe: a captured step replays over the rows)."""
+    dest.copy_(bank.index_select(dim, i).squeeze(dim))
+    i.add_(1).remainder_(steps)
+
+
 class NoisyLinear(nn.Module):
     """y = (mu_W + sigma_W * (f(e_out) f(e_in)^T)) x + mu_b + sigma_b * f(e_out),
     f(e) = sign(e) sqrt|e| (factorised Gaussian noise, Fortunato et al. 2018). The noise matrix is
@@ -991,8 +1000,7 @@ class RainbowAgent(AgentState):
     def _learn_step(self) -> None:
         cfg = self.cfg
         if cfg.noisy:  # this step's row of the block's samples; the row after it next
-            self.noise_now.copy_(self.learn_noise.index_select(0, self.learn_i)[0])
-            self.learn_i.add_(1).remainder_(cfg.learn_steps)
+            next_noise_row_(self.noise_now, self.learn_noise, self.learn_i, cfg.learn_steps)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
         idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)

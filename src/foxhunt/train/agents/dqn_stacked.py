@@ -47,6 +47,7 @@ from foxhunt.train.agents.dqn import (
     Replay,
     factorise_,
     importance_weights,
+    next_noise_row_,
 )
 from foxhunt.train.env import TradingEnv
 
@@ -372,8 +373,8 @@ class StackedRainbow:
     def _learn_step(self) -> None:
         B, us = self.cfg.batch_size, []
         if self.cfg.noisy:  # each agent's row of its block's samples (RainbowAgent._learn_step)
-            self.noise.copy_(self.t["learn_noise"].index_select(1, self.learn_i)[:, 0])
-            self.learn_i.add_(1).remainder_(self.cfg.learn_steps)
+            next_noise_row_(self.noise, self.t["learn_noise"], self.learn_i,
+                            self.cfg.learn_steps, dim=1)  # fmt: skip
         for a in self.agents:  # each agent's draws in the order of its own learning step
             us.append(torch.rand(B, device=self.device, generator=a.gen))
         u = torch.stack(us)
