@@ -1014,7 +1014,10 @@ class RainbowAgent(AgentState):
         """The update (`_update`), then the sampled slots' new priorities and the step's
         statistics, compiled as one function (the priorities' write-back and the statistics
         then run as inductor's kernels, not as a dozen eager ones)."""
-        gn = self._update()
+        self._record(idx, per, loss, self._update(), q_taken, cql, clipped)
+
+    def _record(self, idx, per, loss, gn, q_taken, cql, clipped) -> None:
+        """A learning step's new priorities for its sampled slots, and its statistics."""
         with torch.no_grad():
             self.replay.update(idx, per, self.cfg.per_alpha)
             self.stats[0:4] += torch.stack([loss, gn, q_taken, cql])

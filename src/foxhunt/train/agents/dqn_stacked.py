@@ -343,11 +343,10 @@ class StackedRainbow:
                                     t["replay.ibuf"], idx, w)  # fmt: skip
 
     def _record_one(self, prio, max_prio, stats, idx, per, aux, gn) -> torch.Tensor:
-        p = self._proxy({"replay.prio": prio, "replay.max_prio": max_prio})
-        p.replay.update(idx, per, self.cfg.per_alpha)
+        """One agent's `RainbowAgent._record` on its slice."""
+        p = self._proxy({"replay.prio": prio, "replay.max_prio": max_prio, "stats": stats})
         loss, q_taken, cql, clipped = aux.unbind()
-        stats[0:4] += torch.stack([loss, gn, q_taken, cql])
-        stats[7] += clipped
+        RainbowAgent._record(p, idx, per, loss, gn, q_taken, cql, clipped)
         return gn.new_zeros(())
 
     def _update_all(self, g: torch.Tensor) -> torch.Tensor:
@@ -362,8 +361,8 @@ class StackedRainbow:
         return gn
 
     def _update_record(self, g, idx, per, aux) -> None:
-        """`_update_all`, then each agent's new priorities and statistics (as
-        `RainbowAgent._step_update`), in one compiled function."""
+        """`_update_all`, then each agent's new priorities and statistics (`_record_one`), in
+        one compiled function, as `RainbowAgent._step_update`."""
         gn = self._update_all(g)
         with torch.no_grad():
             t = self.t
