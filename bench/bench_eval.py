@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import standard_market
+from foxhunt.bench.workload import STANDARD_DQN, standard_market
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.baselines import signal_policy
 from foxhunt.train.data import MarketData
@@ -49,8 +49,7 @@ def main() -> None:
     data = MarketData(feats, ofi, ohlc, dev)
     train = (0, int(n * 0.6))
     val = (train[1], train[1] + n * 29 // 200)
-    cfg = DQNConfig(capture="eager", compile=False, noisy=False, dense_inputs=False,
-                    **(TINY if smoke else {}))  # fmt: skip
+    cfg = DQNConfig(capture="eager", compile=False, **STANDARD_DQN, **(TINY if smoke else {}))
     agent = RainbowAgent(cfg, EnvConfig(), data, 0)
     agent.reset_fold(*train, seed=1)
     for e in range(2):
