@@ -121,6 +121,12 @@ def test_replay_ring_wraps_and_update_sets_priorities():
     rb.update(torch.tensor([3, 5]), torch.tensor([3.0, 0.5]), alpha=0.5)
     assert float(rb.prio[3]) == pytest.approx((3.0 + 1e-6) ** 0.5)
     assert float(rb.max_prio) == pytest.approx((3.0 + 1e-6) ** 0.5)
+    # A batch of rows of 128 takes its largest in two stages: the same maximum.
+    big = Replay(1000, CPU)
+    loss = 4 * torch.rand(512, generator=torch.Generator().manual_seed(0))
+    big.update(torch.arange(512) + 7, loss, alpha=0.6)
+    assert torch.equal(big.prio[7:519], (loss + 1e-6).pow(0.6))
+    assert float(big.max_prio) == float((loss + 1e-6).pow(0.6).max()) > 1.0  # it starts at 1
 
 
 # ------------------------------------------------------------------------------ C51
@@ -666,12 +672,14 @@ def test_aligned_heads_give_the_unaligned_outputs_and_gradients(noisy):
 @pytest.mark.parametrize("noisy", [False, True])
 def test_the_gpu_forms_give_the_cpu_forms_outputs_and_gradients(noisy, noise):
     """The GPU's network (padded widths, the dueling mean out of the advantage weights, noisy
-    layers run with their formed weights) against the CPU's in float64: the same outputs and
+    layers run with their formed weights, the ReLUs in their products' op and its own backward)
+    against the CPU's in float64: the same outputs and
     gradients for the shared noise sample, the mean weights and per-row noise (where noisy
     layers keep their own form), and the taken actions' outputs read in place."""
     torch.manual_seed(0)
     cpu = QNet(tiny(noisy=noisy)).double()
-    gpu = QNet(tiny(noisy=noisy), align=8, fold_mean=True, noisy_weights=True).double()
+    gpu = QNet(tiny(noisy=noisy), align=8, fold_mean=True, noisy_weights=True,
+               fused_relu=True).double()  # fmt: skip
     cpu.reset_noise()
     gpu.load_state_dict(cpu.state_dict())  # the shared noise buffers too
     if noisy:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 
 from foxhunt.train import distributed
 from foxhunt.train.data import N_MEMORY, N_MKT, MarketData
@@ -125,6 +126,47 @@ def autocast(precision: str, device: torch.device):
     if precision == "bf16":
         return torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False)
     return contextlib.nullcontext()
+
+
+class _LinearReLU(torch.autograd.Function):
+    """relu(x w^T + b) as one matrix product with the ReLU in its epilogue (cuBLASLt's
+    RELU_BIAS, through aten._addmm_activation, which inductor calls as it is), and the
+    backward of `F.relu(F.linear(x, w, b))`: threshold_backward, then the two products and
+    the bias's sum."""
+
+    @staticmethod
+    def forward(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch._addmm_activation(b, x, w.t())
+
+    @staticmethod
+    def setup_context(ctx, inputs, output) -> None:
+        x, w, _ = inputs
+        ctx.save_for_backward(x, w, output)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):
+        x, w, y = ctx.saved_tensors
+        g = torch.ops.aten.threshold_backward(g, y, 0)
+        dx, dw, db = ctx.needs_input_grad
+        return g @ w if dx else None, g.t() @ x if dw else None, g.sum(0) if db else None
+
+
+def linear_relu(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """F.relu(F.linear(x, w, b)); for a 2-D x, on a CUDA device one cuBLASLt call
+    whose epilogue adds the bias and applies the ReLU, where inductor otherwise runs the ReLU
+    as a kernel of its own over the product's output (a pass over [8192, 512] bf16 per trunk
+    layer and network at the standard workload's sizes). Under bf16 autocast it casts x, w
+    and b as autocast casts them for F.linear (aten._addmm_activation is not on autocast's
+    list). ReLU and rounding commute, so the output is the unfused form's wherever cuBLAS
+    picks the same product. On a CPU the same op is a product, then the ReLU (what the tests
+    check the backward on). Not under vmap: dqn_stacked turns QNet's `fused_relu` off."""
+    if x.dim() != 2:
+        return F.relu(F.linear(x, w, b))
+    dev = x.device.type
+    if torch.is_autocast_enabled(dev):
+        dt = torch.get_autocast_dtype(dev)
+        x, w, b = x.to(dt), w.to(dt), b.to(dt)
+    return _LinearReLU.apply(x, w, b)
 
 
 def flatten_into_views(params: list[torch.Tensor]) -> torch.Tensor:

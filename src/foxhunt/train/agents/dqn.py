@@ -61,6 +61,7 @@ from foxhunt.train.agents.common import (
     copy_weights,
     ensure_adam_state,
     flatten_into_views,
+    linear_relu,
     mark_step,
     module_weights,
     resolve,
@@ -376,17 +377,18 @@ class QNet(nn.Module):
 
     align > 1 pads the output layers' widths inside their matmuls; fold_mean takes the dueling
     mean out of the advantage layer's weights (see _out); noisy_weights forms a noisy layer's
-    weights for the shared sample and runs one matmul with them (NoisyLinear.weights). All
-    three are for a GPU: they compute the same function, rounded otherwise, so that on a CPU
-    the network stays as it was."""
+    weights for the shared sample and runs one matmul with them (NoisyLinear.weights);
+    fused_relu runs each ReLU layer as one product with the ReLU in its epilogue
+    (common.linear_relu). All four are for a GPU: they compute the same function, rounded
+    otherwise, so that on a CPU the network stays as it was."""
 
     def __init__(
         self, cfg: DQNConfig, n_actions: int = N_ACTIONS, align: int = 1, fold_mean: bool = False,
-        noisy_weights: bool = False,
+        noisy_weights: bool = False, fused_relu: bool = False,
     ):  # fmt: skip
         super().__init__()
         self.cfg, self.n_act, self.align, self.fold_mean = cfg, n_actions, align, fold_mean
-        self.noisy_weights = noisy_weights
+        self.noisy_weights, self.fused_relu = noisy_weights, fused_relu
         self._noise: torch.Tensor | None = None  # noise_buffer's: the layers' buffers are views
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
@@ -519,7 +521,8 @@ class QNet(nn.Module):
         (c51_triton.next_target reads them so)."""
         s = x
         for i, layer in enumerate(self.trunk):
-            x = F.relu(layer(torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x))
+            x = torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x
+            x = linear_relu(x, layer.weight, layer.bias) if self.fused_relu else F.relu(layer(x))
         if self.cfg.dense_inputs:
             x = torch.cat((x, s), 1)
         if self.iqn:
@@ -527,7 +530,11 @@ class QNet(nn.Module):
             B, K = taus.shape
             phi = F.relu(self.embed(torch.cos(taus.unsqueeze(-1) * self.cos_i)))  # [B, K, h]
             x = (x.unsqueeze(1) * phi).reshape(B * K, -1)
-        hv, ha = F.relu(self._call(self.head, x, noise)).chunk(2, dim=1)
+        if self.fused_relu and self._formed(self.head, noise):
+            h = linear_relu(x, *self._weights(self.head, noise))
+        else:
+            h = F.relu(self._call(self.head, x, noise))
+        hv, ha = h.chunk(2, dim=1)
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
         folded = self.fold_mean and self._formed(self.adv, noise)
         if act is not None and folded and not self.iqn:
@@ -676,7 +683,11 @@ class Replay:
     def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
         p = (loss.detach().float() + 1e-6).pow(alpha)
         self.prio.index_put_((idx,), p)
-        self.max_prio.copy_(torch.maximum(self.max_prio, p.max()))
+        # The batch's largest in two stages, rows of 128 first: compiled, the write-back then
+        # runs in one program a row, where one reduction over the batch fused it into a single
+        # program (17.5 us a step on an H200 at batch 8,192). The same maximum, exactly.
+        rows = p.view(-1, 128).amax(1) if p.numel() % 128 == 0 else p
+        self.max_prio.copy_(torch.maximum(self.max_prio, rows.max()))
 
 
 # ---------------------------------------------------------------------------------- agent
@@ -701,10 +712,11 @@ class RainbowAgent(AgentState):
         # process draw what each would alone.
         self.gen = torch.Generator(dev).manual_seed(seed)
         # On a GPU the heads' output widths are padded inside their matmuls, the dueling mean
-        # is taken out of the advantage layer's weights and noisy layers form their weights
-        # (see QNet).
+        # is taken out of the advantage layer's weights, noisy layers form their weights and
+        # the ReLUs run in their products' epilogues (see QNet).
         gpu = dev.type == "cuda"
-        self.net = QNet(cfg, align=8 if gpu else 1, fold_mean=gpu, noisy_weights=gpu).to(dev)
+        self.net = QNet(cfg, align=8 if gpu else 1, fold_mean=gpu, noisy_weights=gpu,
+                        fused_relu=gpu).to(dev)  # fmt: skip
         self.params = list(self.net.parameters())
         # All weights live in one flat buffer and the modules' parameters are views of it, so
         # that clipping, Adam and the target update are each one kernel over one tensor (on a

@@ -212,6 +212,8 @@ class StackedRainbow:
         self.agents = list(agents)
         a0 = self.agents[0]
         self.cfg, self.device = a0.cfg, a0.device
+        for a in self.agents:  # vmap has no rule for the ReLU fused into a product (QNet)
+            a.net.fused_relu = a.target.fused_relu = False
         self.rounds = a0.rounds
         self.t: dict[str, torch.Tensor] = {}
         for path in STACKED + (NOISE_BANKS if a0.cfg.noisy else ()):
