@@ -4,7 +4,7 @@ compile cache.
 
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
-                                [--compile-eval {off,on,both}]
+                                [--compile-eval {on,off,both}]
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -18,8 +18,9 @@ the epochs' phases summed over all epochs (collection, learning, each epoch's va
 times `foxhunt train` logs), the passes each epoch's validation took (`eval/val_passes`; at most
 evaluate.VAL_PASSES), the rest (the start, fold resets, each fold's exact val and test,
 checkpoints), and the test Sharpe (which says nothing here: the market is noise).
-`--compile-eval both` runs the cold and warm processes with the evaluation's step compiled
-(TrainConfig.compile_eval) and then a third, warm, without it: the A/B in one call.
+The evaluation's step is compiled (TrainConfig.compile_eval: the RL models' default) unless
+`--compile-eval off`; `--compile-eval both` runs the cold and warm processes with it compiled
+and then a third, warm, without: the A/B in one call.
 Prints a table; JSON to $OUT or /tmp.
 """
 
@@ -84,7 +85,7 @@ def main() -> None:
         "--eval-segments", type=int, default=None, help="pieces of a val/test range (the default's)"
     )
     ap.add_argument(
-        "--compile-eval", default="off", choices=("off", "on", "both"),
+        "--compile-eval", default="on", choices=("on", "off", "both"),
         help="TrainConfig.compile_eval (both: cold and warm on, then warm off)",
     )  # fmt: skip
     args = ap.parse_args()

@@ -673,6 +673,19 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
     )
 
 
+def test_evaluation_is_compiled_by_default_for_the_rl_models():
+    """compile_eval left at None: on for the RL models (where the agent's own steps are
+    compiled, on a GPU), off for the supervised ones; what is set wins. The resolved value is
+    part of the task's config digest."""
+    for model in ("dqn", "ppo", "pqn"):
+        assert TrainConfig(model=model).resolved_compile_eval() is True
+        assert TrainConfig(model=model, compile_eval=False).resolved_compile_eval() is False
+    assert TrainConfig(model="tlob").resolved_compile_eval() is False
+    assert TrainConfig(model="tlob", compile_eval=True).resolved_compile_eval() is True
+    doc = {"fxcache_key": "k", "folds": []}
+    assert TrainConfig(compile_eval=True).digest(doc) != TrainConfig(compile_eval=False).digest(doc)
+
+
 def test_the_compile_cache_goes_where_the_config_says(tmp_path, monkeypatch):
     """compile_cache points inductor's and Triton's caches below a folder per torch version
     (a cold and a warm start through it: bench/bench_compile_cache.py); it does not change
