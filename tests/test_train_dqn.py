@@ -673,9 +673,9 @@ def test_aligned_heads_give_the_unaligned_outputs_and_gradients(noisy):
 def test_the_gpu_forms_give_the_cpu_forms_outputs_and_gradients(noisy, noise):
     """The GPU's network (padded widths, the dueling mean out of the advantage weights, noisy
     layers run with their formed weights, the ReLUs in their products' op and its own backward)
-    against the CPU's in float64: the same outputs and
-    gradients for the shared noise sample, the mean weights and per-row noise (where noisy
-    layers keep their own form), and the taken actions' outputs read in place."""
+    against the CPU's in float64: the same outputs and gradients for the shared noise sample,
+    the mean weights and per-row noise (where noisy layers keep their own form), and the taken
+    actions' outputs read in place."""
     torch.manual_seed(0)
     cpu = QNet(tiny(noisy=noisy)).double()
     gpu = QNet(tiny(noisy=noisy), align=8, fold_mean=True, noisy_weights=True,
