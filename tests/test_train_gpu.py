@@ -562,3 +562,34 @@ def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tm
     resumed = run_train(cfg("killed"), NullLogger())
     assert resumed.resumed
     assert metrics_of(resumed) == metrics_of(full)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_seeds_side_by_side_evaluate_with_their_steps_compiled_by_default(tmp_path):
+    """The pipeline's default on a GPU: a DQN task's seeds stacked into one agent, and each
+    seed's evaluation compiled (`compile_eval` left at None: on for the RL models). Every seed
+    ends with finite metrics of its own, and its results record the compiled evaluation."""
+    import json
+    import math
+
+    from foxhunt.bench.workload import standard_fxcache
+    from foxhunt.train.core import TrainConfig, train_seeds
+
+    folds = standard_fxcache(tmp_path / "data", 60_000)
+    fold = json.loads(folds.read_text())["folds"][0]["fold"]
+    dqn = DQNConfig(
+        hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
+        batch_size=512, replay_capacity=32_768, n_step=3,
+    )  # fmt: skip
+    results = train_seeds(TrainConfig(
+        folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
+        fold_ids=(fold,), device="cuda", tracking="none", baselines=False, seeds=(0, 1), dqn=dqn,
+    ))  # fmt: skip
+    tests = []
+    for res in results:
+        doc = json.loads((res.run_dir / "results.json").read_text())
+        assert doc["config"]["compile_eval"] is True
+        (f,) = res.folds
+        assert all(math.isfinite(v) for part in ("val", "test") for v in f[part].values())
+        tests.append(f["test"])
+    assert tests[0] != tests[1]  # two seeds, two policies
