@@ -961,7 +961,7 @@ def _task(
     if agent.cfg.capture == "graph" and not stacked:
         agent.capture()
     segments = cfg.eval_segments or default_segments(device)
-    compile_eval = bool(cfg.compile_eval) and bool(getattr(agent.cfg, "compile", False))
+    compile_eval = cfg.resolved_compile_eval() and bool(getattr(agent.cfg, "compile", False))
     evaluator = Evaluator(
         cfg.env, data, segments, capture=agent.cfg.capture == "graph", compile=compile_eval
     )

@@ -7,7 +7,7 @@ every collection step and learning step runs the single agent's own code
 (`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
 the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
 batch): about as many kernels as one agent, each K times wider. On an H200 at the demo's sizes,
-compiled and captured, 8 stacked agents train an epoch in 1.96x one agent's time
+compiled and captured, 8 stacked agents train an epoch in 1.98x one agent's time
 (docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
@@ -212,7 +212,9 @@ class StackedRainbow:
         self.agents = list(agents)
         a0 = self.agents[0]
         self.cfg, self.device = a0.cfg, a0.device
-        for a in self.agents:  # vmap has no rule for the ReLU fused into a product (QNet)
+        # vmap has no rule for the ReLU fused into a product (QNet.fused_relu): the agents run
+        # the plain form from here on, alone too (the same function, rounded as the stack's).
+        for a in self.agents:
             a.net.fused_relu = a.target.fused_relu = False
         self.rounds = a0.rounds
         self.t: dict[str, torch.Tensor] = {}
