@@ -18,7 +18,8 @@ time), `-f32out` (the output layers in float32, `float32_outputs`), `-eagercolle
 compiled variant's collection step left uncompiled), `-nofold` (the dueling mean taken over the
 advantage layer's outputs, as on a CPU, rather than out of its weights), `-nofuse` (each ReLU
 a kernel of its own after its layer's product rather than in the product's epilogue,
-`QNet.fused_relu`), `-noisysplit` (noisy
+`QNet.fused_relu`), `-f32prio` (the replay's priorities held in float32, converted to float64
+for each sample's cumulative sum, rather than held in float64), `-noisysplit` (noisy
 layers as two matmuls with the noise applied to their outputs, as on a CPU, rather than one
 with their weights formed for the shared sample), `-logits` (C51's Triton target given the next
 states' logits rather than their dueling streams), `-fullout` (the loss
@@ -294,6 +295,8 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
         agent.net.fold_mean = agent.target.fold_mean = False
     if "nofuse" in opts:  # each ReLU a kernel of its own after its layer's product
         agent.net.fused_relu = agent.target.fused_relu = False
+    if "f32prio" in opts:  # the replay's priorities held in float32 (converted each sample)
+        agent.replay.prio = agent.replay.prio.float()
     if "logits" in opts:  # the Triton target given the next states' logits, not their streams
         agent.next_target = functools.partial(c51_triton.next_target)
     if "noisysplit" in opts:  # noisy layers as two matmuls, the noise applied to their outputs

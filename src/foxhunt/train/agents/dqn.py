@@ -640,14 +640,17 @@ class Replay:
     fbuf [C, 3] float32: the position state of s (position, entry price, bars held).
     ibuf [C, 2 + 3 n] int64: bar t of s, the steps m <= n the return runs for (fewer when the
     episode ended inside the window), and the behaviour's branch actions of the n steps.
-    prio [C] float32: p_i^alpha; 0 for empty slots and incomplete transitions (never sampled).
+    prio [C] float64: p_i^alpha, a float32 value held exactly; 0 for empty slots and incomplete
+    transitions (never sampled). Held in float64 so that the sample's float64 cumulative sum
+    reads it as it is, where from float32 it first converted the whole buffer (a kernel of its
+    own over the 1M slots each learning step); the sums, slots and weights are the same.
     """
 
     def __init__(self, capacity: int, device: torch.device, n_step: int = 1):
         self.capacity = capacity
         self.fbuf = torch.zeros(capacity, 3, device=device)
         self.ibuf = torch.zeros(capacity, 2 + 3 * n_step, dtype=torch.long, device=device)
-        self.prio = torch.zeros(capacity, device=device)
+        self.prio = torch.zeros(capacity, device=device, dtype=torch.float64)
         self.ptr = torch.zeros((), dtype=torch.long, device=device)
         self.max_prio = torch.ones((), device=device)
         self.beta = torch.full((), 0.4, device=device)
@@ -664,7 +667,7 @@ class Replay:
         # (foxhunt.train.agents.dqn_stacked) where index_copy_ falls back to a loop.
         self.fbuf.index_put_((idx,), f)
         self.ibuf.index_put_((idx,), i)
-        self.prio.index_put_((idx,), torch.where(valid, self.max_prio, 0.0))
+        self.prio.index_put_((idx,), torch.where(valid, self.max_prio, 0.0).to(self.prio.dtype))
         self.ptr.copy_((self.ptr + n) % self.capacity)
 
     def sample(self, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -677,12 +680,12 @@ class Replay:
         cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
         idx = torch.searchsorted(cdf, x, right=True).clamp(max=self.capacity - 1)
-        p = self.prio.index_select(0, idx)
+        p = self.prio.index_select(0, idx).float()
         return idx, importance_weights(p, p.min(), self.beta)
 
     def update(self, idx: torch.Tensor, loss: torch.Tensor, alpha: float) -> None:
         p = (loss.detach().float() + 1e-6).pow(alpha)
-        self.prio.index_put_((idx,), p)
+        self.prio.index_put_((idx,), p.to(self.prio.dtype))
         # The batch's largest in two stages, rows of 128 first. Taken in one, inductor fused
         # the write-back into that reduction's single program (17.5 us a step on an H200 at
         # batch 8,192); split, it is not among the step's 40 largest kernels. The same maximum.

@@ -178,7 +178,7 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     x = start[:, None] + frac * (end - start)[:, None]
     at = torch.searchsorted(cdf, x.reshape(-1), right=True).view(K, B)
     idx = (at - torch.arange(K, device=u.device)[:, None] * C).clamp(0, C - 1)
-    p = prio.gather(1, idx)
+    p = prio.gather(1, idx).float()
     return idx, importance_weights(p, p.amin(1, keepdim=True), beta[:, None])
 
 
