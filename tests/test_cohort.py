@@ -111,6 +111,28 @@ def test_stacked_agents_train_as_each_would_alone(variant):
         torch.set_num_threads(threads)
 
 
+def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
+    """Each stacked agent's weights, its target's and its Adam moments start 64 bytes or a
+    multiple of them into the stack's buffers (aligned as a lone agent's own buffer is), and
+    its parameters lie at the lone agent's offsets in it: the compiled code every agent's
+    evaluation step shares assumes the alignment its inputs had when compiled. Rows as wide
+    as the parameter count put agent 1's weights 4 bytes past it (the demo's network), and
+    the compiled step faulted on an H200."""
+    data = random_market(3000, 0)
+    cfg = DQNConfig(**SMALL_DQN | {"hidden": (32, 16)}, dense_inputs=True)
+    lone = RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=1)
+    offsets = [p.data_ptr() - lone.flat.data_ptr() for p in lone.params]
+    assert lone.flat.numel() % 4 != 0  # rows this wide would not start aligned
+    cohort = Cohort([RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=s)
+                     for s in (1, 2, 3)], stacked=True)  # fmt: skip
+    for a in cohort.agents:
+        moments = [v for k, v in a.opt.state[a.flat].items() if k != "step"]
+        for t in (a.flat, a.target_flat, *moments):  # views of the stack's [K, P'] buffers
+            assert t.storage_offset() * t.element_size() % 64 == 0
+            assert t.numel() == lone.flat.numel()
+        assert [p.data_ptr() - a.flat.data_ptr() for p in a.params] == offsets
+
+
 def test_stacked_agents_compiled_train_as_uncompiled():
     """The stack as a GPU runs it (compiled: the collection step, the losses and the update with
     each agent's priorities and statistics, each under vmap), on the CPU against the uncompiled

@@ -91,12 +91,32 @@ def _set(obj, path: str, value) -> None:
     setattr(_get(obj, ".".join(head)) if head else obj, last, value)
 
 
+ROW_ALIGN = 64
+"""Elements a stacked row's width is rounded up to (256 bytes of float32): every agent's row
+then starts where a lone agent's own buffer would, at an aligned address. Inductor's kernels
+assume the alignment their inputs had when compiled, and each agent's evaluation step,
+compiled from the same code, reads its own row's weights: with rows P = 160,493 wide (the
+demo's network), agent 1's started 4 bytes past the alignment and its compiled evaluation
+faulted with a misaligned address (H200, 2026-12-04)."""
+
+
+def _stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
+    """[K, P'] with rows[k] (each [P]) in row k's first P columns and zeros after, P' the
+    width rounded up to ROW_ALIGN."""
+    P = rows[0].numel()
+    big = rows[0].new_zeros(len(rows), -(-P // ROW_ALIGN) * ROW_ALIGN)
+    big[:, :P] = torch.stack(rows)
+    return big
+
+
 def _restack_flat(flats: list[torch.Tensor], modules: list[torch.nn.Module]) -> torch.Tensor:
-    """Stack the agents' flat parameter buffers into one [K, P] leaf and make each agent's
-    buffer row k of it, and its module's parameters views of that row again."""
-    big = torch.stack([f.detach() for f in flats]).requires_grad_()
+    """Stack the agents' flat parameter buffers into one [K, P'] leaf (`_stack_rows`) and make
+    each agent's buffer the first P columns of row k, and its module's parameters views of
+    that row again."""
+    P = flats[0].numel()
+    big = _stack_rows([f.detach() for f in flats]).requires_grad_()
     for k, (flat, net) in enumerate(zip(flats, modules, strict=True)):
-        flat.data = big.detach()[k]
+        flat.data = big.detach()[k, :P]
         view_params(list(net.parameters()), flat)
     return big
 
@@ -246,14 +266,15 @@ class StackedRainbow:
                                             "capturable", "foreach")})  # fmt: skip
         self.own_opt = [a.opt.state[a.flat] for a in self.agents]
         self.opt.state[self.W] = {
-            key: (torch.stack([st[key] for st in self.own_opt]) if key != "step" else
+            key: (_stack_rows([st[key] for st in self.own_opt]) if key != "step" else
                   self.own_opt[0][key].clone())
             for key in self.own_opt[0]
         }  # fmt: skip
+        self.n_params = P = a0.flat.numel()  # the rows' columns past P are zeros, and stay so
         for k, (a, st) in enumerate(zip(self.agents, self.own_opt, strict=True)):
             for key, v in self.opt.state[self.W].items():
                 if key != "step":
-                    st[key] = v[k]
+                    st[key] = v[k, :P]
             a._reset_lists = None  # reset_fold's cached tensors were the old ones
         # The attributes a view of agent 0 copies (`_proxy`), named here once.
         self.names = {"": tuple(vars(a0)), "replay": tuple(vars(a0.replay)),
@@ -357,7 +378,7 @@ class StackedRainbow:
         """Each agent's gradient clipped to its own norm (each row's norm on its own, the sum
         in the order the lone agent's runs), one Adam step over the stack, the soft target
         update. Returns the norms before clipping, [K]."""
-        gn = torch.stack([torch.linalg.vector_norm(row) for row in g])
+        gn = torch.stack([torch.linalg.vector_norm(row) for row in g[:, : self.n_params]])
         g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0)[:, None])
         self.opt.step()
         with torch.no_grad():
@@ -387,7 +408,9 @@ class StackedRainbow:
             p.grad = None
         loss.sum().backward()
         K = len(self.agents)
-        self.W.grad = torch.cat([p.grad.reshape(K, -1) for p in self.P.values()], 1)
+        pad = self.W.shape[1] - self.n_params  # the rows' alignment (ROW_ALIGN): zeros
+        self.W.grad = torch.cat([*(p.grad.reshape(K, -1) for p in self.P.values()),
+                                 self.W.new_zeros(K, pad)], 1)  # fmt: skip
         self._update(self.W.grad, idx, per, aux)
 
     def _draw_learn(self) -> None:
