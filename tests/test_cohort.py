@@ -112,16 +112,24 @@ def test_stacked_agents_train_as_each_would_alone(variant):
 
 
 def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
-    """Each stacked agent's weights, its target's and its Adam moments start 64 bytes or a
-    multiple of them into the stack's buffers (aligned as a lone agent's own buffer is), and
-    its parameters lie at the lone agent's offsets in it: the compiled code every agent's
-    evaluation step shares assumes the alignment its inputs had when compiled. Rows as wide
-    as the parameter count put agent 1's weights 4 bytes past it (the demo's network), and
-    the compiled step faulted on an H200."""
+    """Each stacked agent's weights, its target's, its Adam moments and its noisy layers'
+    samples start 64 bytes or a multiple of them into the stack's buffers (aligned as a lone
+    agent's own buffers are), its parameters and noise buffers at a lone agent's offsets in
+    them: the compiled code that every agent's evaluation step (and an agent's own steps,
+    where it trains alone later) shares assumes the alignment its inputs had when compiled.
+    Rows as wide as the parameter count put agent 1's weights 4 bytes past it (the demo's
+    network), and the compiled step faulted on an H200."""
     data = random_market(3000, 0)
-    cfg = DQNConfig(**SMALL_DQN | {"hidden": (32, 16)}, dense_inputs=True)
+    cfg = DQNConfig(**SMALL_DQN | {"hidden": (32, 16)}, dense_inputs=True, noisy=True)
     lone = RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=1)
     offsets = [p.data_ptr() - lone.flat.data_ptr() for p in lone.params]
+
+    def noise_at(a):  # where each noisy layer's sample lies in the agent's noise buffer
+        return [b.data_ptr() - a.noise_now.data_ptr() for net in (a.net, a.target)
+                for m in net.noisy_layers() for b in (m.eps_in, m.eps_out)]  # fmt: skip
+
+    noise_offsets = noise_at(lone)
+    assert lone.noise_now.numel() % 4 != 0 and noise_offsets
     assert lone.flat.numel() % 4 != 0  # rows this wide would not start aligned
     cohort = Cohort([RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=s)
                      for s in (1, 2, 3)], stacked=True)  # fmt: skip
@@ -131,6 +139,8 @@ def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
             assert t.storage_offset() * t.element_size() % 64 == 0
             assert t.numel() == lone.flat.numel()
         assert [p.data_ptr() - a.flat.data_ptr() for p in a.params] == offsets
+        assert a.noise_now.storage_offset() * a.noise_now.element_size() % 64 == 0
+        assert noise_at(a) == noise_offsets
 
 
 def test_stacked_agents_compiled_train_as_uncompiled():

@@ -135,12 +135,13 @@ def _stacked_params(net: torch.nn.Module, big: torch.Tensor, grad: bool) -> dict
 
 def _stack_noise(agents: list, rows: int | None) -> tuple[dict, dict, torch.Tensor]:
     """The agents' noise buffers stacked: each agent's `noise_now` (its online and target
-    networks' shared samples, RainbowAgent._noise_banks) becomes row k of one [K, N] tensor,
+    networks' shared samples, RainbowAgent._noise_banks) becomes row k of one [K, N] view,
     and the names functional_call knows the layers' buffers by map to its columns, name ->
     [K, ...], for the online network and the target. With `rows`, the online network's per-row
     buffers too (allocated at that many envs), each agent's a view of its row. Returns those
     two name maps and the stacked samples."""
-    flat = torch.stack([a.noise_now for a in agents])
+    # Rows aligned as each agent's own buffer (ROW_ALIGN): its noisy layers' buffers are views.
+    flat = _stack_rows([a.noise_now for a in agents])[:, : agents[0].noise_now.numel()]
     n_net = agents[0].net.noise_buffer().numel()
     for k, a in enumerate(agents):
         a.noise_now = flat[k]
