@@ -27,7 +27,7 @@ the C51 support and the envs' range, which those decide alike for all. With nois
 banks of a block's noise samples are stacked like the rest: each agent draws its block into its
 own row from its own generator, as it would alone, f runs once over all of them, and each step
 copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
-take 2.04x one agent's epoch). IQN draws its quantile fractions inside the code
+take 1.99x one agent's epoch). IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
