@@ -120,7 +120,8 @@ def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
     Rows as wide as the parameter count put agent 1's weights 4 bytes past it (the demo's
     network), and the compiled step faulted on an H200."""
     data = random_market(3000, 0)
-    cfg = DQNConfig(**SMALL_DQN | {"hidden": (32, 16)}, dense_inputs=True, noisy=True)
+    cfg = DQNConfig(**SMALL_DQN | {"hidden": (32, 16), "envs": 63}, dense_inputs=True,
+                    noisy=True)  # fmt: skip
     lone = RainbowAgent(cfg, EnvConfig(episode_bars=200), data, seed=1)
     offsets = [p.data_ptr() - lone.flat.data_ptr() for p in lone.params]
 
@@ -141,6 +142,9 @@ def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
         assert [p.data_ptr() - a.flat.data_ptr() for p in a.params] == offsets
         assert a.noise_now.storage_offset() * a.noise_now.element_size() % 64 == 0
         assert noise_at(a) == noise_offsets
+        for m in a.net.noisy_layers():  # per-env noise, each agent's own buffers
+            for b in (m.row_in, m.row_out):
+                assert b.storage_offset() * b.element_size() % 64 == 0 and b.is_contiguous()
 
 
 def test_stacked_agents_compiled_train_as_uncompiled():

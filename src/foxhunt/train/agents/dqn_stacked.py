@@ -109,6 +109,14 @@ def _stack_rows(rows: list[torch.Tensor]) -> torch.Tensor:
     return big
 
 
+def _stack_aligned(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """torch.stack(tensors), each one's row starting as `_stack_rows`'s: a [K, ...] view of
+    a [K, P'] buffer (for module buffers, which compiled code takes as static inputs, their
+    alignment unchecked at run time)."""
+    x = tensors[0]
+    return _stack_rows([t.reshape(-1) for t in tensors])[:, : x.numel()].view(-1, *x.shape)
+
+
 def _restack_flat(flats: list[torch.Tensor], modules: list[torch.nn.Module]) -> torch.Tensor:
     """Stack the agents' flat parameter buffers into one [K, P'] leaf (`_stack_rows`) and make
     each agent's buffer the first P columns of row k, and its module's parameters views of
@@ -141,7 +149,7 @@ def _stack_noise(agents: list, rows: int | None) -> tuple[dict, dict, torch.Tens
     buffers too (allocated at that many envs), each agent's a view of its row. Returns those
     two name maps and the stacked samples."""
     # Rows aligned as each agent's own buffer (ROW_ALIGN): its noisy layers' buffers are views.
-    flat = _stack_rows([a.noise_now for a in agents])[:, : agents[0].noise_now.numel()]
+    flat = _stack_aligned([a.noise_now for a in agents])
     n_net = agents[0].net.noise_buffer().numel()
     for k, a in enumerate(agents):
         a.noise_now = flat[k]
@@ -165,7 +173,7 @@ def _stack_noise(agents: list, rows: int | None) -> tuple[dict, dict, torch.Tens
             for m in mods:
                 m.row_noise(rows)
             for buf in ("row_in", "row_out"):
-                big = torch.stack([getattr(m, buf) for m in mods])
+                big = _stack_aligned([getattr(m, buf) for m in mods])
                 for k, m in enumerate(mods):
                     setattr(m, buf, big[k])
                 maps[0][f"{name}.{buf}"] = big
