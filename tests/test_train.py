@@ -231,6 +231,51 @@ def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_stacked_seeds_resumed_apart_train_alone_to_the_uninterrupted_results(
+    demo_es, tmp_path, monkeypatch
+):  # fmt: skip
+    """Stacked seeds killed when seed 0's first epoch was saved and seed 1's was not: run
+    again, the task stacks their agents, but the two stand an epoch apart from then on and
+    train as lone agents over their rows of the stack's buffers; each ends with the metrics of
+    the uninterrupted run, bit for bit at one thread. (tests/test_train_gpu.py runs the same
+    on a GPU, compiled.)"""
+    from foxhunt.train import core
+
+    kinds, stacks = [], []
+    real_epoch, real_stack = core.train_epoch, core.StackedRainbow
+
+    def spy(agents, streams, mark=None):
+        kinds.append(type(agents[0]).__name__)
+        return real_epoch(agents, streams, mark)
+
+    def stack(agents):
+        stacks.append(len(agents))
+        return real_stack(agents)
+
+    monkeypatch.setattr(core, "train_epoch", spy)
+    monkeypatch.setattr(core, "StackedRainbow", stack)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        kw = dict(seeds=(0, 1), stack_seeds="on", epochs=2, fold_ids=(0,))
+        full = train_seeds(tiny_cfg(demo_es, tmp_path / "full", **kw))
+        cfg = tiny_cfg(demo_es, tmp_path / "killed", **kw)
+
+        def kill(fold, epoch):
+            raise Killed  # at the first epoch's end: seed 0's is saved, seed 1's is not
+
+        with pytest.raises(Killed):
+            train_seeds(cfg, on_epoch_end=kill)
+        kinds.clear()
+        stacks.clear()
+        resumed = train_seeds(cfg)
+        assert stacks == [2] and kinds and set(kinds) == {"RainbowAgent"}, (stacks, kinds)
+        assert [r.resumed for r in resumed] == [True, False]
+        assert [metrics_of(r) for r in resumed] == [metrics_of(r) for r in full]
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("per_env", [True, False], ids=["per-env", "shared"])
 def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch, per_env):
     """Noisy nets (noise drawn per env while collecting, or a block's shared samples) stack

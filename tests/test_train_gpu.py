@@ -596,3 +596,59 @@ def test_seeds_side_by_side_evaluate_with_their_steps_compiled_by_default(tmp_pa
         assert all(math.isfinite(v) for part in ("val", "test") for v in f[part].values())
         tests.append(f["test"])
     assert tests[0] != tests[1]  # two seeds, two policies
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_stacked_seeds_resumed_apart_train_alone_over_the_stacks_buffers(tmp_path, monkeypatch):
+    """Seeds on a GPU (compiled and captured, each seed's evaluation compiled), killed when seed
+    0's first epoch was saved and seed 1's was not. Run again, the task stacks their agents (at
+    its start, as always on a GPU), but the two stand an epoch apart from then on, so each
+    epoch trains them as lone agents: their own compiled steps over their rows of the stack's
+    buffers. The network has 81,101 parameters (not a multiple of 4), so that rows as wide as
+    that would start seed 1's weights 4 bytes past the alignment compiled code assumes
+    (dqn_stacked.ROW_ALIGN). Both seeds end with finite metrics."""
+    import json
+    import math
+
+    from foxhunt.bench.workload import standard_fxcache
+    from foxhunt.train import core
+    from trainruns import Killed
+
+    kinds, stacks = [], []
+    real_epoch, real_stack = core.train_epoch, core.StackedRainbow
+
+    def spy(agents, streams, mark=None):
+        kinds.append(type(agents[0]).__name__)
+        return real_epoch(agents, streams, mark)
+
+    def stack(agents):
+        stacks.append(len(agents))
+        return real_stack(agents)
+
+    monkeypatch.setattr(core, "train_epoch", spy)
+    monkeypatch.setattr(core, "StackedRainbow", stack)
+    folds = standard_fxcache(tmp_path / "data", 60_000)
+    fold = json.loads(folds.read_text())["folds"][0]["fold"]
+    dqn = DQNConfig(
+        hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
+        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=True,
+    )  # fmt: skip
+    cfg = core.TrainConfig(
+        folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
+        fold_ids=(fold,), device="cuda", tracking="none", baselines=False, run_id="r",
+        seeds=(0, 1), dqn=dqn,
+    )  # fmt: skip
+
+    def kill(fold: int, epoch: int) -> None:
+        raise Killed  # at the first epoch's end: seed 0's is saved, seed 1's is not
+
+    with pytest.raises(Killed):
+        core.train_seeds(cfg, on_epoch_end=kill)
+    kinds.clear()
+    stacks.clear()
+    results = core.train_seeds(cfg)
+    assert stacks == [2] and kinds and set(kinds) == {"RainbowAgent"}, (stacks, kinds)
+    assert [r.resumed for r in results] == [True, False]
+    for res in results:
+        (f,) = res.folds
+        assert all(math.isfinite(v) for part in ("val", "test") for v in f[part].values())
