@@ -720,8 +720,9 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
     With `stack`, agents that can be stacked (foxhunt.train.agents.dqn_stacked) are,
     before any captures its graphs: an epoch that every task trains, all at the same epoch, is
     then one stacked epoch. When only some train (the others finished, stopped early or wait at
-    another fold) or they resumed at different epochs, those run on their own, each capturing
-    its graphs the first time."""
+    another fold), those run on their own, each capturing its graphs the first time; when all
+    train but resumed at different epochs, the ones behind train on their own until all stand
+    at one epoch, and the rest train stacked."""
     n = len(tasks)
     streams = (
         [torch.cuda.Stream(device) for _ in tasks] if device.type == "cuda" and n > 1 else None
@@ -748,6 +749,12 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
         advance(i, stacked is not None)
     while any(w is not None for w in wants):
         ready = [i for i in range(n) if isinstance(wants[i], _Train)]
+        if stacked is not None and len(ready) == n:
+            # Every task trains, at different epochs (resumed apart): the ones behind go first,
+            # alone, and the others wait, so that they meet at one epoch and train stacked from
+            # there, rather than an epoch apart, each on its own, to the fold's end.
+            first = min(wants[i].epoch for i in ready)
+            ready = [i for i in ready if wants[i].epoch == first]
         if ready:
             clocks = [wants[i].clock for i in ready]
 
@@ -756,11 +763,7 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
                     c.mark(name)
 
             agents = [wants[i].agent for i in ready]
-            if (
-                stacked is not None
-                and len(ready) == n
-                and len({wants[i].epoch for i in ready}) == 1
-            ):
+            if stacked is not None and len(ready) == n:  # all at one epoch (above)
                 train_epoch([stacked], None, mark)
             else:
                 for a in agents:
