@@ -21,7 +21,7 @@ from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
 from foxhunt.train.evaluate import VAL_PASSES
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
-from trainruns import EpochRecorder, Killed, load_normaliser, metrics_of
+from trainruns import EpochRecorder, Killed, load_normaliser, metrics_of, spy_training
 
 TINY = DQNConfig(
     hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
@@ -239,21 +239,7 @@ def test_stacked_seeds_resumed_apart_meet_and_train_to_the_uninterrupted_results
     over its rows of the stack's buffers) while seed 0 waits, and the two then train stacked;
     each ends with the metrics of the uninterrupted run, bit for bit at one thread.
     (tests/test_train_gpu.py runs the same on a GPU, compiled.)"""
-    from foxhunt.train import core
-
-    kinds, stacks = [], []
-    real_epoch, real_stack = core.train_epoch, core.StackedRainbow
-
-    def spy(agents, streams, mark=None):
-        kinds.append(type(agents[0]).__name__)
-        return real_epoch(agents, streams, mark)
-
-    def stack(agents):
-        stacks.append(len(agents))
-        return real_stack(agents)
-
-    monkeypatch.setattr(core, "train_epoch", spy)
-    monkeypatch.setattr(core, "StackedRainbow", stack)
+    kinds, stacks = spy_training(monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

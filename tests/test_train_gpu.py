@@ -525,24 +525,35 @@ def test_the_c51_target_kernel_under_vmap_is_each_batch_s_own():
             assert torch.equal(out[k], o) and torch.equal(clip[k], c), (dtype, k)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tmp_path):
-    """`foxhunt train`'s GPU path end to end: compiled and captured steps, the compiled
-    evaluation (`compile_eval`), resume files written through page-locked memory. Killed after
-    its second epoch and run again, a task ends with the metrics of one never killed."""
+def small_standard_task(tmp_path, dense_inputs: bool):
+    """A small `foxhunt train` task on the GPU: the standard market of 60,000 bars published as
+    an fxcache with its folds, the first fold's id, and a DQN config of small sizes whose
+    network (epsilon-greedy) has a parameter count that is not a multiple of 4 (81,101 with
+    dense inputs)."""
     import json
 
     from foxhunt.bench.workload import standard_fxcache
-    from foxhunt.train.core import TrainConfig, run_train
-    from foxhunt.train.tracking import NullLogger
-    from trainruns import Killed, metrics_of
 
     folds = standard_fxcache(tmp_path / "data", 60_000)
     fold = json.loads(folds.read_text())["folds"][0]["fold"]
     dqn = DQNConfig(
         hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
-        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=False,
+        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=dense_inputs,
     )  # fmt: skip
+    return folds, fold, dqn
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tmp_path):
+    """`foxhunt train`'s GPU path end to end: compiled and captured steps, the compiled
+    evaluation (`compile_eval`), resume files written through page-locked memory. Killed after
+    its second epoch and run again, a task ends with the metrics of one never killed."""
+
+    from foxhunt.train.core import TrainConfig, run_train
+    from foxhunt.train.tracking import NullLogger
+    from trainruns import Killed, metrics_of
+
+    folds, fold, dqn = small_standard_task(tmp_path, dense_inputs=False)
 
     def cfg(out: str) -> TrainConfig:
         return TrainConfig(
@@ -575,15 +586,9 @@ def test_seeds_side_by_side_evaluate_with_their_steps_compiled_by_default(tmp_pa
     import json
     import math
 
-    from foxhunt.bench.workload import standard_fxcache
     from foxhunt.train.core import TrainConfig, train_seeds
 
-    folds = standard_fxcache(tmp_path / "data", 60_000)
-    fold = json.loads(folds.read_text())["folds"][0]["fold"]
-    dqn = DQNConfig(
-        hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
-        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=True,
-    )  # fmt: skip
+    folds, fold, dqn = small_standard_task(tmp_path, dense_inputs=True)
     results = train_seeds(TrainConfig(
         folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
         fold_ids=(fold,), device="cuda", tracking="none", baselines=False, seeds=(0, 1), dqn=dqn,
@@ -607,32 +612,13 @@ def test_stacked_seeds_resumed_apart_meet_and_train_stacked(tmp_path, monkeypatc
     parameters (not a multiple of 4), so that rows as wide as that would start seed 1's
     weights 4 bytes past the alignment compiled code assumes (dqn_stacked.ROW_ALIGN). Both
     seeds end with finite metrics."""
-    import json
     import math
 
-    from foxhunt.bench.workload import standard_fxcache
     from foxhunt.train import core
-    from trainruns import Killed
+    from trainruns import Killed, spy_training
 
-    kinds, stacks = [], []
-    real_epoch, real_stack = core.train_epoch, core.StackedRainbow
-
-    def spy(agents, streams, mark=None):
-        kinds.append(type(agents[0]).__name__)
-        return real_epoch(agents, streams, mark)
-
-    def stack(agents):
-        stacks.append(len(agents))
-        return real_stack(agents)
-
-    monkeypatch.setattr(core, "train_epoch", spy)
-    monkeypatch.setattr(core, "StackedRainbow", stack)
-    folds = standard_fxcache(tmp_path / "data", 60_000)
-    fold = json.loads(folds.read_text())["folds"][0]["fold"]
-    dqn = DQNConfig(
-        hidden=(128, 64), head_hidden=32, envs=1024, collect_steps=16, learn_steps=16,
-        batch_size=512, replay_capacity=32_768, n_step=3, noisy=False, dense_inputs=True,
-    )  # fmt: skip
+    kinds, stacks = spy_training(monkeypatch)
+    folds, fold, dqn = small_standard_task(tmp_path, dense_inputs=True)
     cfg = core.TrainConfig(
         folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
         fold_ids=(fold,), device="cuda", tracking="none", baselines=False, run_id="r",

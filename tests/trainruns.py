@@ -92,3 +92,26 @@ def served_and_trained_orders(demo, ckpt, build, lo: int = 2000, n: int = 300):
     served = torch.cat([torch.zeros(lo - first, 3), port])
     got = policy.act(data.mkt[first : lo + n].numpy(), served.numpy())[-n:]
     return got, want
+
+
+def spy_training(monkeypatch) -> tuple[list[str], list[int]]:
+    """Record what foxhunt train's loop trains: the kind of agent each `train_epoch` call
+    gets (RainbowAgent alone or on streams, StackedRainbow) and the size of each stack it
+    builds. Returns the two lists, filled as it runs."""
+    from foxhunt.train import core
+
+    kinds: list[str] = []
+    stacks: list[int] = []
+    real_epoch, real_stack = core.train_epoch, core.StackedRainbow
+
+    def spy(agents, streams, mark=None):
+        kinds.append(type(agents[0]).__name__)
+        return real_epoch(agents, streams, mark)
+
+    def stack(agents):
+        stacks.append(len(agents))
+        return real_stack(agents)
+
+    monkeypatch.setattr(core, "train_epoch", spy)
+    monkeypatch.setattr(core, "StackedRainbow", stack)
+    return kinds, stacks
