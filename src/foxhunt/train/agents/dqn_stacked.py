@@ -280,6 +280,9 @@ class StackedRainbow:
             for key in self.own_opt[0]
         }  # fmt: skip
         self.n_params = P = a0.flat.numel()  # the rows' columns past P are zeros, and stay so
+        # ... their gradient: zeros, made once (each step's gradient is these concatenated to
+        # the parameters' own).
+        self._grad_pad = self.W.new_zeros(len(self.agents), self.W.shape[1] - P)
         for k, (a, st) in enumerate(zip(self.agents, self.own_opt, strict=True)):
             for key, v in self.opt.state[self.W].items():
                 if key != "step":
@@ -417,9 +420,8 @@ class StackedRainbow:
             p.grad = None
         loss.sum().backward()
         K = len(self.agents)
-        pad = self.W.shape[1] - self.n_params  # the rows' alignment (ROW_ALIGN): zeros
         self.W.grad = torch.cat([*(p.grad.reshape(K, -1) for p in self.P.values()),
-                                 self.W.new_zeros(K, pad)], 1)  # fmt: skip
+                                 self._grad_pad], 1)  # fmt: skip
         self._update(self.W.grad, idx, per, aux)
 
     def _draw_learn(self) -> None:
