@@ -203,16 +203,7 @@ def test_stacked_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeypatch):
     GPU): at one thread each seed's results equal its own task's, bit for bit, also through
     the epochs where a seed has stopped early (patience) and the others train on their own
     (the first fold, where two do at once)."""
-    from foxhunt.train import core
-
-    kinds = []
-    real = core.train_epoch
-
-    def spy(agents, streams, mark=None):
-        kinds.append((type(agents[0]).__name__, len(agents)))
-        return real(agents, streams, mark)
-
-    monkeypatch.setattr(core, "train_epoch", spy)
+    kinds, _ = spy_training(monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -255,7 +246,7 @@ def test_stacked_seeds_resumed_apart_meet_and_train_to_the_uninterrupted_results
         kinds.clear()
         stacks.clear()
         resumed = train_seeds(cfg)
-        assert stacks == [2] and kinds == ["RainbowAgent", "StackedRainbow"], (stacks, kinds)
+        assert stacks == [2] and kinds == [("RainbowAgent", 1), ("StackedRainbow", 1)], kinds
         assert [r.resumed for r in resumed] == [True, False]
         assert [metrics_of(r) for r in resumed] == [metrics_of(r) for r in full]
     finally:
@@ -267,23 +258,14 @@ def test_stacked_noisy_seeds_train_as_their_own_tasks(demo_es, tmp_path, monkeyp
     """Noisy nets (noise drawn per env while collecting, or a block's shared samples) stack
     too: --seeds 1 2 stacked, each seed's results through `foxhunt train` (its evaluation,
     checkpoints, resume files) equal its own task's, bit for bit at one thread."""
-    from foxhunt.train import core
-
-    kinds = []
-    real = core.train_epoch
-
-    def spy(agents, streams, mark=None):
-        kinds.append(type(agents[0]).__name__)
-        return real(agents, streams, mark)
-
-    monkeypatch.setattr(core, "train_epoch", spy)
+    kinds, _ = spy_training(monkeypatch)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         noisy = dataclasses.replace(TINY, noisy=True, epsilon=0.0, noise_per_env=per_env)
         kw = dict(stack_seeds="on", epochs=2, fold_ids=(0,), dqn=noisy)
         both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(1, 2), **kw))
-        assert set(kinds) == {"StackedRainbow"}, kinds  # stacked, not side by side
+        assert {k for k, _ in kinds} == {"StackedRainbow"}, kinds  # stacked, not side by side
         for seed, res in zip((1, 2), both, strict=True):
             alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed, **kw),
                               NullLogger())  # fmt: skip

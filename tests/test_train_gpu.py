@@ -633,7 +633,7 @@ def test_stacked_seeds_resumed_apart_meet_and_train_stacked(tmp_path, monkeypatc
     kinds.clear()
     stacks.clear()
     results = core.train_seeds(cfg)
-    assert stacks == [2] and kinds == ["RainbowAgent", "StackedRainbow"], (stacks, kinds)
+    assert stacks == [2] and kinds == [("RainbowAgent", 1), ("StackedRainbow", 1)], kinds
     assert [r.resumed for r in results] == [True, False]
     for res in results:
         (f,) = res.folds

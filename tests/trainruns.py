@@ -94,18 +94,18 @@ def served_and_trained_orders(demo, ckpt, build, lo: int = 2000, n: int = 300):
     return got, want
 
 
-def spy_training(monkeypatch) -> tuple[list[str], list[int]]:
-    """Record what foxhunt train's loop trains: the kind of agent each `train_epoch` call
-    gets (RainbowAgent alone or on streams, StackedRainbow) and the size of each stack it
-    builds. Returns the two lists, filled as it runs."""
+def spy_training(monkeypatch) -> tuple[list[tuple[str, int]], list[int]]:
+    """Record what foxhunt train's loop trains: for each `train_epoch` call, the kind of
+    agent it gets (RainbowAgent, alone or side by side; StackedRainbow) and how many, and the
+    size of each stack the loop builds. Returns the two lists, filled as it runs."""
     from foxhunt.train import core
 
-    kinds: list[str] = []
+    kinds: list[tuple[str, int]] = []
     stacks: list[int] = []
     real_epoch, real_stack = core.train_epoch, core.StackedRainbow
 
     def spy(agents, streams, mark=None):
-        kinds.append(type(agents[0]).__name__)
+        kinds.append((type(agents[0]).__name__, len(agents)))
         return real_epoch(agents, streams, mark)
 
     def stack(agents):
