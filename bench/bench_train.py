@@ -27,7 +27,9 @@ gathers the taken action's logits from the network's full output rather than rea
 place), `-torchtarget` (C51's
 projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_triton,
 `triton_target`),
-`-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL),
+`-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL), `-optstep` (Adam's
+step through torch.optim's method, which breaks the compiled update into three graphs, rather
+than `common.adam_step`),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -65,13 +67,14 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import kernel_profile, results_path, standard_market
-from foxhunt.train.agents import AGENTS, c51_triton
+from foxhunt.train.agents import AGENTS, c51_triton, common
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
@@ -280,7 +283,11 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         **(small if args.cpu_smoke else {}),
     )
     t0 = time.perf_counter()
-    build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
+    # -optstep: Adam's step through torch.optim's method, whose graph breaks cut the compiled
+    # update in three, rather than `common.adam_step` (patched while the variant traces).
+    step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
+    with mock.patch.object(common, "adam_step", step):
+        build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 
 
 def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0) -> None:

@@ -309,3 +309,79 @@ def test_weight_decay_is_adamws_and_zero_is_plain_adam(model):
     assert torch.equal(plain, run(0.0, torch.optim.Adam))
     assert not torch.equal(decayed, plain)
     assert decayed.norm() < plain.norm()
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        functools.partial(torch.optim.Adam, lr=1e-2, foreach=True),
+        functools.partial(torch.optim.Adam, lr=1e-2, foreach=False, weight_decay=0.1),
+        functools.partial(torch.optim.Adam, lr=1e-2, weight_decay=0.3, decoupled_weight_decay=True),
+        functools.partial(torch.optim.AdamW, lr=torch.tensor(3e-3), weight_decay=0.5,
+                          foreach=False),
+        functools.partial(torch.optim.Adam, lr=1e-2, amsgrad=True, maximize=True, eps=1e-4),
+    ],
+    ids=["adam-foreach", "adam-l2", "adam-decoupled", "adamw-tensor-lr", "amsgrad"],
+)  # fmt: skip
+def test_adam_step_takes_torchs_adam_steps_bit_for_bit(make):
+    """`common.adam_step` calls the function torch.optim.Adam.step calls, with its arguments:
+    the same weights and the same moments as the method's, step after step, whatever the
+    optimiser's settings."""
+    from foxhunt.train.agents.common import adam_step
+
+    gen = torch.Generator().manual_seed(0)
+    w0 = torch.randn(1000, generator=gen)
+    flats = [w0.clone().requires_grad_() for _ in range(2)]
+    opts = [make([f]) for f in flats]
+    for f, o in zip(flats, opts, strict=True):
+        ensure_adam_state(o, f)
+    for _ in range(5):
+        g = torch.randn(1000, generator=gen)
+        for f in flats:
+            f.grad = g.clone()
+        opts[0].step()
+        adam_step(opts[1], flats[1])
+    assert torch.equal(flats[0], flats[1])
+    assert not torch.equal(flats[0].detach(), w0)
+    a, b = (o.state[f] for o, f in zip(opts, flats, strict=True))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("model", ["dqn", "dqn-stacked", "ppo", "pqn"])
+def test_an_agents_compiled_update_is_one_graph(model):
+    """The update an agent compiles (the clipping, Adam, and for the DQN the target network's
+    update, the new priorities and the statistics) is one graph without breaks: Adam's step
+    through `adam_step`, not torch.optim's method, whose graph breaks cut it in three and
+    made Dynamo trace seven frames (H200, 2026-12-04)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from foxhunt.train.agents.common import compiled
+    from foxhunt.train.agents.dqn_stacked import StackedRainbow
+
+    graphs = []
+
+    def backend(gm, inputs):  # counts what Dynamo compiles, runs it eagerly
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    counters.clear()
+    data = random_market(3000, 0)
+    cls, (cfg, _) = MODELS[model.removesuffix("-stacked")]
+    agents = [cls(cfg, EnvConfig(episode_bars=200), data, seed=s) for s in (1, 2)]
+    for a in agents:
+        a.reset_fold(100, 2000, seed=1)
+    if model == "dqn-stacked":
+        agent = StackedRainbow(agents)
+        agent._update = compiled(agent._update_record, backend=backend)
+    elif model == "dqn":
+        agent = agents[0]
+        agent.update_fn = compiled(agent._step_update, backend=backend)
+    else:
+        agent = agents[0]
+        agent._step = compiled(agent._step, backend=backend)
+    agent.collect()
+    agent.learn()
+    assert len(graphs) == 1, [g.code[:200] for g in graphs]
+    assert not counters["graph_break"], dict(counters["graph_break"])

@@ -15,6 +15,7 @@ from typing import Literal
 
 import torch
 import torch.nn.functional as F
+from torch.optim.adam import adam
 
 from foxhunt.train import distributed
 from foxhunt.train.data import N_MEMORY, N_MKT, MarketData
@@ -202,15 +203,40 @@ def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
                 v.zero_()
 
 
+def adam_step(opt: torch.optim.Adam, flat: torch.Tensor) -> None:
+    """`opt.step()` for an Adam (or AdamW) over the one parameter `flat`, whose state exists
+    (`ensure_adam_state`): the function `torch.optim.Adam.step` calls, with the arguments it
+    passes, so the same arithmetic bit for bit. Not the method itself, which breaks a compiled
+    graph before and after the step (torch.optim's `_use_grad_for_differentiable`; pytorch
+    issue 104053): inside a compiled update the clipping before it, the step and what follows
+    (the target network's update, the priorities, the statistics) are then one graph, which
+    Dynamo traces as one frame and inductor fuses, rather than seven."""
+    group = opt.param_groups[0]
+    if len(opt.param_groups) != 1 or len(group["params"]) != 1 or group["params"][0] is not flat:
+        raise ValueError("adam_step: the optimiser must hold the one flat parameter")
+    st = opt.state[flat]
+    beta1, beta2 = group["betas"]
+    with torch.no_grad():
+        adam(
+            [flat], [flat.grad], [st["exp_avg"]], [st["exp_avg_sq"]],
+            [st["max_exp_avg_sq"]] if group["amsgrad"] else [], [st["step"]],
+            amsgrad=group["amsgrad"], has_complex=flat.is_complex(), beta1=beta1, beta2=beta2,
+            lr=group["lr"], weight_decay=group["weight_decay"], eps=group["eps"],
+            maximize=group["maximize"], foreach=group["foreach"], capturable=group["capturable"],
+            differentiable=group["differentiable"], fused=group["fused"], grad_scale=None,
+            found_inf=None, decoupled_weight_decay=group["decoupled_weight_decay"],
+        )  # fmt: skip
+
+
 def clip_and_step(flat: torch.Tensor, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """Average the flat gradient over the data-parallel ranks (foxhunt.train.distributed; one
     all-reduce, nothing for one process), clip it to the global norm `max_norm` (as
-    clip_grad_norm_ does), take the optimiser step; returns the norm before clipping (what
-    losses/grad_norm logs)."""
+    clip_grad_norm_ does), take the optimiser's step (`adam_step`); returns the norm before
+    clipping (what losses/grad_norm logs)."""
     g = distributed.average_(flat.grad)
     gn = torch.linalg.vector_norm(g)
     g.mul_((max_norm / (gn + 1e-6)).clamp(max=1.0))
-    opt.step()
+    adam_step(opt, flat)
     return gn
 
 

@@ -40,7 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch.func import functional_call, vmap
 
-from foxhunt.train.agents.common import capture_restoring, compiled, view_params
+from foxhunt.train.agents.common import adam_step, capture_restoring, compiled, view_params
 from foxhunt.train.agents.dqn import (
     NoisyLinear,
     RainbowAgent,
@@ -392,7 +392,7 @@ class StackedRainbow:
         update. Returns the norms before clipping, [K]."""
         gn = torch.stack([torch.linalg.vector_norm(row) for row in g[:, : self.n_params]])
         g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0)[:, None])
-        self.opt.step()
+        adam_step(self.opt, self.W)
         with torch.no_grad():
             self.T.lerp_(self.W.detach(), self.cfg.tau)
         return gn
