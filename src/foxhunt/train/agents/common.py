@@ -209,8 +209,8 @@ def adam_step(opt: torch.optim.Adam, flat: torch.Tensor) -> None:
     passes, so the same arithmetic bit for bit. Not the method itself, which breaks a compiled
     graph before and after the step (torch.optim's `_use_grad_for_differentiable`; pytorch
     issue 104053): inside a compiled update the clipping before it, the step and what follows
-    (the target network's update, the priorities, the statistics) are then one graph, which
-    Dynamo traces as one frame and inductor fuses, rather than seven."""
+    (the target network's update, the priorities, the statistics) are then one graph rather
+    than three."""
     group = opt.param_groups[0]
     if len(opt.param_groups) != 1 or len(group["params"]) != 1 or group["params"][0] is not flat:
         raise ValueError("adam_step: the optimiser must hold the one flat parameter")
