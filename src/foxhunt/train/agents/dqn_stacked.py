@@ -7,7 +7,7 @@ every collection step and learning step runs the single agent's own code
 (`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
 the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
 batch): about as many kernels as one agent, each K times wider. On an H200 at the demo's sizes,
-compiled and captured, 8 stacked agents train an epoch in 1.98x one agent's time
+compiled and captured, 8 stacked agents train an epoch in 1.97x one agent's time
 (docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
@@ -27,7 +27,7 @@ the C51 support and the envs' range, which those decide alike for all. With nois
 banks of a block's noise samples are stacked like the rest: each agent draws its block into its
 own row from its own generator, as it would alone, f runs once over all of them, and each step
 copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
-take 1.99x one agent's epoch). IQN draws its quantile fractions inside the code
+take 1.94x one agent's epoch). IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
