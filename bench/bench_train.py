@@ -29,7 +29,8 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 `triton_target`),
 `-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL), `-optstep` (Adam's
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
-than `common.adam_step`),
+than `common.adam_step`), `-combo` (inductor's combo kernels: a graph's independent small
+kernels launched as one),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -193,6 +194,11 @@ def main() -> None:
     val = (int(n * 0.6), int(n * 0.6) + (2_000 if args.cpu_smoke else 100_000))
     segments = 16 if args.cpu_smoke else 1024
     for variant in args.variants.split(","):
+        # Each variant traces its own code: Dynamo reuses a compiled frame for another agent
+        # wherever its guards pass, and they do not cover a switch that patches a function the
+        # frame calls (`-optstep`) or inductor's settings (`-combo`). Inductor's cache still
+        # serves a variant built before it.
+        torch._dynamo.reset()
         try:
             run_variant(args, res, variant, data, env_cfg, train, val, segments, small)
         except Exception as e:  # one failing variant must not hide the others' figures
@@ -286,7 +292,13 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     # -optstep: Adam's step through torch.optim's method, whose graph breaks cut the compiled
     # update in three, rather than `common.adam_step` (patched while the variant traces).
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
-    with mock.patch.object(common, "adam_step", step):
+    # -combo: inductor's combo kernels (independent small kernels of a graph launched as one).
+    import torch._inductor.config as inductor_config
+
+    with (
+        mock.patch.object(common, "adam_step", step),
+        mock.patch.object(inductor_config, "combo_kernels", "combo" in opts),
+    ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 
 

@@ -109,11 +109,13 @@ def compiled(fn: Callable, **kw) -> Callable:
     """torch.compile(fn, dynamic=False, **kw) for an agent's bound method.
 
     Static shapes: another agent in the process, at other sizes, compiles its own (automatic
-    dynamic shapes hit a Dynamo guard error in torch 2.11). Dynamo guards a method on its
-    object's identity (the optimiser's, among others), so each agent of a process compiles its
-    own version of the shared code; past `recompile_limit` (8 by default) Dynamo runs the
-    method eagerly, with one warning. Raised here, so that a cohort (`foxhunt train --seeds`,
-    up to 10 agents on a GPU) and a benchmark's further agents all stay compiled."""
+    dynamic shapes hit a Dynamo guard error in torch 2.11). Dynamo guards a method on the
+    identity of some objects it reads (an update, on its agent's optimiser), so each agent of
+    a process compiles its own version of such a method (one that reads only tensors and
+    settings serves every agent of one configuration); past `recompile_limit` (8 by default)
+    Dynamo runs the method eagerly, with one warning. Raised here, so that a cohort (`foxhunt
+    train --seeds`, up to 10 agents on a GPU) and a benchmark's further agents all stay
+    compiled."""
     import torch._dynamo
 
     cfg = torch._dynamo.config
