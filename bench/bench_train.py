@@ -71,6 +71,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+import torch._inductor.config as inductor_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
@@ -293,8 +294,6 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     # update in three, rather than `common.adam_step` (patched while the variant traces).
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
     # -combo: inductor's combo kernels (independent small kernels of a graph launched as one).
-    import torch._inductor.config as inductor_config
-
     with (
         mock.patch.object(common, "adam_step", step),
         mock.patch.object(inductor_config, "combo_kernels", "combo" in opts),
