@@ -385,3 +385,53 @@ def test_an_agents_compiled_update_is_one_graph(model):
     agent.learn()
     assert len(graphs) == 1, [g.code[:200] for g in graphs]
     assert not counters["graph_break"], dict(counters["graph_break"])
+
+
+BACKWARD_SCALE = {"k": 1.0}  # what the toy Function's backward multiplies by (changed mid-test)
+
+
+class _ScaledReLU(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.relu()
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (x > 0) * BACKWARD_SCALE["k"]
+
+
+def test_graphs_with_custom_autograd_functions_are_cached_and_keyed_by_their_backward(
+    tmp_path, monkeypatch
+):
+    """`compiled` lets AOTAutograd's cache keep a graph that holds a custom autograd.Function
+    (the GPU agents' `linear_relu`; torch bypasses the cache for them by default, and a task
+    on a warm cache then traced its loss's forward and backward again), and the cache's key
+    covers the Function's backward: changed, it is traced afresh, not served stale."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from foxhunt.train.agents.common import compiled, linear_relu
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    w, b = torch.randn(4, 3), torch.randn(4)
+
+    def loss(x):
+        return _ScaledReLU.apply(linear_relu(x, w, b) - 0.5).sum()
+
+    def grad_of_compiled():
+        torch._dynamo.reset()
+        counters.clear()
+        x = torch.linspace(-1, 1, 12).view(4, 3).requires_grad_()
+        compiled(loss)(x).backward()
+        return x.grad, dict(counters["aot_autograd"])
+
+    g1, first = grad_of_compiled()
+    assert "autograd_cache_bypass" not in first and first.get("autograd_cache_saved") == 1
+    g1_again, again = grad_of_compiled()
+    assert again.get("autograd_cache_hit") == 1 and torch.equal(g1_again, g1)
+    monkeypatch.setitem(BACKWARD_SCALE, "k", 3.0)
+    g3, changed = grad_of_compiled()
+    assert changed.get("autograd_cache_miss") == 1 and "autograd_cache_hit" not in changed
+    torch.testing.assert_close(g3, 3 * g1)

@@ -115,11 +115,19 @@ def compiled(fn: Callable, **kw) -> Callable:
     settings serves every agent of one configuration); past `recompile_limit` (8 by default)
     Dynamo runs the method eagerly, with one warning. Raised here, so that a cohort (`foxhunt
     train --seeds`, up to 10 agents on a GPU) and a benchmark's further agents all stay
-    compiled."""
+    compiled.
+
+    AOTAutograd's cache also keeps graphs that hold a custom autograd.Function (`linear_relu`'s,
+    in a GPU agent's loss), which torch leaves out by default: without it a task on a warm
+    compile cache traces that graph's forward and backward again. Dynamo traces the Function's
+    forward and backward into the graph, from which the cache's key is computed, so a changed
+    Function is a new key (checked: tests/test_cohort.py)."""
     import torch._dynamo
+    import torch._functorch.config
 
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILED_PER_PROCESS)
+    torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
     return torch.compile(fn, dynamic=False, **kw)
 
 
