@@ -1,6 +1,7 @@
 """Agents trained side by side in one process (foxhunt.train.cohort): each trains exactly as it
 would alone with the same seed, because every draw comes from its own generator. And what every
-agent's optimiser does alone (weight decay)."""
+agent's optimiser and compiled code do alone: weight decay, Adam's step (`common.adam_step`),
+one graph for each compiled update, AOTAutograd's cache for graphs with a custom Function."""
 
 from __future__ import annotations
 
