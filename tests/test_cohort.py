@@ -346,6 +346,8 @@ def test_adam_step_takes_torchs_adam_steps_bit_for_bit(make):
     assert not torch.equal(flats[0].detach(), w0)
     a, b = (o.state[f] for o, f in zip(opts, flats, strict=True))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    with pytest.raises(ValueError, match="the one flat parameter"):
+        adam_step(opts[1], flats[0])  # another tensor than the optimiser's
 
 
 @pytest.mark.parametrize("model", ["dqn", "dqn-stacked", "ppo", "pqn"])
