@@ -8,8 +8,9 @@ For each model, two fresh processes in turn over one empty cache folder: the fir
 (cold), the second loads what the first kept (warm). Each builds the model at its GPU defaults
 over the standard synthetic market (foxhunt.bench.workload), captures it and runs one epoch,
 and reports the seconds from its start (interpreter and imports included) to the end of that
-epoch, and the hits and misses of inductor's FX graph cache and of AOTAutograd's cache. Goal
-(issue 18): warm <= 5 s to the first epoch. Prints a table; JSON to $OUT or /tmp.
+epoch, the hits and misses of inductor's FX graph cache and of AOTAutograd's cache, and the
+frames Dynamo traced and the graph breaks it met. Goal (issue 18): warm <= 5 s to the first
+epoch. Prints a table; JSON to $OUT or /tmp.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ print(json.dumps({"first_epoch_s": time.time() - t0, "phases_s": marks,
                   "fxgraph": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k},
                   "aot_autograd": {k: v for k, v in counters["aot_autograd"].items()
                                    if "cache" in k or "bypass" in k},
+                  "frames_traced": counters["frames"]["total"],
+                  "graph_breaks": sum(counters["graph_break"].values()),
                   "compile_s": dict(spent[:8])}))
 """
 
@@ -118,7 +121,9 @@ def main() -> None:
                     continue
                 parts = " ".join(f"{k} {t:.1f}" for k, t in v["phases_s"].items())
                 print(f"{model:6s} {phase}: {v['first_epoch_s']:5.1f} s ({parts}) "
-                      f"{v['fxgraph']} {v.get('aot_autograd', {})}", flush=True)  # fmt: skip
+                      f"{v['fxgraph']} {v.get('aot_autograd', {})}, "
+                      f"{v.get('frames_traced')} frames traced, {v.get('graph_breaks')} graph "
+                      "breaks", flush=True)  # fmt: skip
                 top = ", ".join(f"{k} {t:.1f}" for k, t in v["compile_s"].items())
                 print(f"{'':6s} compile time by Dynamo's timers (s): {top}", flush=True)
             out.write_text(json.dumps(res, indent=1))
