@@ -253,6 +253,18 @@ def test_a_cohort_refuses_what_it_cannot_train_together():
         Cohort([a, ppo])
 
 
+def counting_backend():
+    """A torch.compile backend that records each graph Dynamo compiles and runs it eagerly:
+    (the list it fills, the backend)."""
+    graphs = []
+
+    def backend(gm, inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, backend
+
+
 def test_compiled_methods_of_many_agents_all_stay_compiled():
     """Dynamo guards an agent's compiled method on the identity of its objects (the optimiser's
     among them), so each agent compiles a version of its own; past torch's default limit of 8
@@ -261,11 +273,7 @@ def test_compiled_methods_of_many_agents_all_stay_compiled():
 
     from foxhunt.train.agents.common import compiled
 
-    graphs = []
-
-    def backend(gm, inputs):  # counts what Dynamo compiles, runs it eagerly
-        graphs.append(gm)
-        return gm.forward
+    graphs, backend = counting_backend()
 
     class Agent:
         def __init__(self):
@@ -362,11 +370,7 @@ def test_an_agents_compiled_update_is_one_graph(model):
     from foxhunt.train.agents.common import compiled
     from foxhunt.train.agents.dqn_stacked import StackedRainbow
 
-    graphs = []
-
-    def backend(gm, inputs):  # counts what Dynamo compiles, runs it eagerly
-        graphs.append(gm)
-        return gm.forward
+    graphs, backend = counting_backend()
 
     torch._dynamo.reset()
     counters.clear()
