@@ -231,6 +231,8 @@ def run_local(name: str, params: dict, verbose: bool = False) -> None:
         raise_on_error=True,
     )
     warnings.filterwarnings("ignore", message="You may be attemping")
+    if not verbose:  # each task's display name is for the Kubeflow UI; the local runner says so
+        warnings.filterwarnings("ignore", message=r".*settings \['display_name'\] have no effect")
     t0 = time.perf_counter()
     PIPELINES[name]("local")(**params)
     print(f"\n{name} ran through KFP's local runner in {time.perf_counter() - t0:.0f} s")
