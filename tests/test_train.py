@@ -146,6 +146,9 @@ def test_early_stopping_ends_a_fold_after_patience_epochs_without_a_better_val(
     scripted.n = 0
     res = run_train(cfg, NullLogger(), on_epoch_end=count)
     assert epochs == [0, 1, 2, 3] and res.folds[0]["best_epoch"] == 1
+    # results and MLflow's steps count epochs from 0; the printed lines count from 1, as the
+    # progress lines do ("epoch 2/8 ... best 3.00 @ 2")
+    assert "best epoch   2  " in res.summary()
 
     def kill(fold, epoch):
         if epoch == 2:

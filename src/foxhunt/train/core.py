@@ -243,6 +243,9 @@ class TrainConfig:
 
 @dataclass
 class TrainResult:
+    """A task's results (results.json). Each fold's `best_epoch` counts from 0, as MLflow's
+    steps do; `summary()` prints it counted from 1, as the progress lines do."""
+
     run_id: str
     run_dir: Path
     folds: list[dict]
@@ -256,7 +259,7 @@ class TrainResult:
         for f in self.folds:
             v, t = f["val"], f["test"]
             lines.append(
-                f"fold {f['fold']:2d}  best epoch {f['best_epoch']:3d}  "
+                f"fold {f['fold']:2d}  best epoch {f['best_epoch'] + 1:3d}  "
                 f"val Sharpe {v['sharpe']:7.2f}  test Sharpe {t['sharpe']:7.2f}  "
                 f"test max DD {t['max_drawdown']:.2%}  "
                 f"short/flat/long {t['short']:.0%}/{t['flat']:.0%}/{t['long']:.0%}  "
