@@ -675,6 +675,11 @@ def test_each_fold_s_best_checkpoint_is_an_mlflow_model_that_acts_as_in_training
         want = agent.act(agent.state(t, port), noise=False).numpy()
         got = mlflow.pyfunc.load_model(f["model_uri"]).predict(frame)
         assert list(got.columns) == ["direction", "size", "order_type"]
+        # stored as code (MLflow's models from code), not as a pickled object
+        files = {
+            p.name for p in Path(mlflow.artifacts.download_artifacts(f["model_uri"])).iterdir()
+        }
+        assert "mlflow_entry.py" in files and not any(n.endswith(".pkl") for n in files), files
         assert got.to_dict("list") == Policy.describe(want)
     # The task's best fold (by val Sharpe) is registered, its version tagged with its metrics.
     client = mlflow.MlflowClient(uri)

@@ -8,7 +8,9 @@ memory from the frame's rows: give them as consecutive bars in time order, with 
 before the bars that matter (foxhunt.train.policy).
 
 The model carries the checkpoint files and foxhunt's own code (`code_paths`), so it loads in
-any environment with torch, safetensors, numpy and pandas. Imported only where MLflow is.
+any environment with torch, safetensors, numpy and pandas. It is logged as code (MLflow's
+"models from code": `mlflow_entry.py` builds it at load time), not as a pickled object, so
+loading it runs only foxhunt's own files. Imported only where MLflow is.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def log_policy_model(checkpoint: Path, name: str = "policy"):
     example[list(PORTFOLIO)] = 0.0
     return mlflow.pyfunc.log_model(
         name=name,
-        python_model=PolicyModel(),
+        python_model=str(Path(__file__).with_name("mlflow_entry.py")),
         artifacts={"checkpoint": str(checkpoint), "config": str(checkpoint.with_suffix(".json"))},
         code_paths=[str(Path(foxhunt.__file__).parent)],
         pip_requirements=["torch", "safetensors", "numpy", "pandas"],
