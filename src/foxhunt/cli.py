@@ -5,7 +5,8 @@
     foxhunt precompute --help ingested data -> the fxcache (bars, features, order flow)
     foxhunt fxcache ls        list the precomputed caches (fxcache verify: check them)
     foxhunt folds --help      walk-forward train/val/test ranges of a cache, as JSON
-    foxhunt train --help      an agent over the folds (Rainbow DQN), on a GPU or the CPU
+    foxhunt train --help      a model over the folds (dqn, ppo, pqn, tlob, cfc, mamba2, tft,
+                              their ensemble), on a GPU or the CPU
     foxhunt report --help     test metrics over folds and seeds, deflated Sharpe, equity curves
     foxhunt bench --help      training speed, memory and stability of every model on this machine
 

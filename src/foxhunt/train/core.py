@@ -85,7 +85,8 @@ MAX_SEEDS = 10  # seeds side by side: their streams and capture streams stay wit
 
 @dataclass
 class TrainConfig:
-    """Train an agent over the walk-forward folds of one fxcache."""
+    """Train a model (an RL agent, a supervised forecaster or an ensemble) over the walk-forward
+    folds of one fxcache."""
 
     folds: Path = Path("data/folds/ES.json")
     """Folds file written by `foxhunt folds` (it names the fxcache key)."""
