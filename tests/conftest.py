@@ -17,8 +17,7 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 from foxhunt.synth.generate import SynthConfig, generate
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("FOXHUNT_SHARED", REPO.parent / "shared"))
-SAMPLES = SHARED / "data" / "databento-samples"
+SAMPLES = REPO / "tests" / "databento-samples"  # Databento's own test files (its README)
 
 
 def built_once(tmp_path_factory, name: str, build) -> Path:
@@ -45,8 +44,6 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 @pytest.fixture(scope="session")
 def samples() -> Path:
-    if not SAMPLES.is_dir():
-        pytest.skip(f"Databento samples not found at {SAMPLES} (set FOXHUNT_SHARED)")
     return SAMPLES
 
 
