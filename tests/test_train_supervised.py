@@ -232,6 +232,25 @@ def test_same_seed_same_metrics_and_a_killed_task_resumes_to_them(demo_es, tmp_p
     assert resumed.resumed and metrics_of(resumed) == metrics_of(a)
 
 
+def test_an_epoch_logs_learning_and_evaluation_and_no_collection(demo_es, tmp_path, caplog):
+    """A supervised model steps no env: its epochs log `time/learn_s` and `time/eval_s` and no
+    collection phase, in MLflow's metrics and the progress line (the RL agents log all three:
+    tests/test_train.py)."""
+    logged = set()
+
+    class Keys(NullLogger):
+        def log_metrics(self, metrics, step=None):
+            if "eval/val_sharpe" in metrics:  # an epoch's metrics
+                logged.update(metrics)
+
+    with caplog.at_level("INFO", logger="foxhunt.train.core"):
+        run_train(tiny(demo_es, tmp_path, "tlob", fold_ids=(0,), epochs=1), Keys())
+    assert {"time/learn_s", "time/eval_s", "time/epoch_s"} <= logged
+    assert "time/collect_s" not in logged
+    (line,) = [r.getMessage() for r in caplog.records if "epoch 1/1" in r.getMessage()]
+    assert "(learn " in line and "collect" not in line, line
+
+
 def test_a_served_checkpoint_trades_as_the_trainer_does(demo_es, tmp_path):
     """Policy.load of a TLOB checkpoint, given consecutive bars, orders what the trainer's
     policy orders with the same weights (rows with a full window inside the frame)."""

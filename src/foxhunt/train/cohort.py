@@ -94,13 +94,15 @@ class Cohort:
 def train_epoch(
     agents: Sequence, streams: Sequence | None, mark: Callable[[str], None] | None = None
 ) -> None:
-    """One epoch of `agents`: per round each one's collection, then each one's learning (each
-    agent on its stream where there are streams: `on_streams`),
-    with `mark("collect")` and `mark("learn")` after them (the training loop's phase clocks)."""
+    """One epoch of `agents`: per round each one's collection (where they collect: the
+    supervised models do not), then each one's learning (each agent on its stream where there
+    are streams: `on_streams`), with `mark("collect")` and `mark("learn")` after them (the
+    training loop's phase clocks)."""
     for _ in range(agents[0].rounds):
-        on_streams(agents, streams, lambda a: a.collect())
-        if mark is not None:
-            mark("collect")
+        if agents[0].collects:
+            on_streams(agents, streams, lambda a: a.collect())
+            if mark is not None:
+                mark("collect")
         on_streams(agents, streams, lambda a: a.learn())
         if mark is not None:
             mark("learn")

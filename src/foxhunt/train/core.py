@@ -1090,10 +1090,10 @@ def _task(
             progress.epoch_done(metrics["time/epoch_s"])
             log.info(
                 "fold %d (%d/%d) epoch %d/%d: loss %.4f, val Sharpe %.2f (best %.2f @ %d), "
-                "%.2f s (collect %.2f, learn %.2f, eval %.2f), ETA %s",
+                "%.2f s (%s), ETA %s",
                 k, folds.index(fold) + 1, len(folds), epoch + 1, cfg.epochs,
                 stats["losses/loss"], val["sharpe"], best["sharpe"], best["epoch"] + 1,
-                metrics["time/epoch_s"], times["collect"], times["learn"], times["eval"],
+                metrics["time/epoch_s"], ", ".join(f"{p} {s:.2f}" for p, s in times.items()),
                 progress.eta(),
             )  # fmt: skip
             rng_cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None

@@ -45,6 +45,11 @@ class Agent(Protocol):
     """The resolved config (a dataclass): logged as the model's parameters, saved with each
     checkpoint. It has `capture` ("eager" or "graph") and `precision`."""
 
+    collects: bool
+    """Whether it steps the env (the RL agents) or not (the supervised models, whose samples
+    are the fxcache's bars): without, the loop calls no `collect` and times and logs no
+    collection phase."""
+
     def capture(self) -> None:
         """Capture collection and learning as CUDA graphs (state restored afterwards)."""
 

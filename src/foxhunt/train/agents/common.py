@@ -284,6 +284,7 @@ class AgentState:
 
     RNG_KEY = "rng"
     gen: torch.Generator
+    collects = True  # the Agent protocol's: it steps the env (SupervisedAgent: no)
 
     def _state_tensors(self) -> dict[str, torch.Tensor]:
         raise NotImplementedError

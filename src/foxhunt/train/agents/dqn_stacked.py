@@ -234,6 +234,8 @@ class StackedRainbow:
     """The agents of a cohort (foxhunt.train.cohort) as one: `collect()` and `learn()` train
     all of them; everything else (folds, epochs, statistics, evaluation) stays per agent."""
 
+    collects = True
+
     def __init__(self, agents: Sequence[RainbowAgent]):
         why = stackable(agents)
         if why is not None:

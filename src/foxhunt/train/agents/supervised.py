@@ -406,6 +406,8 @@ class SupervisedAgent(AgentState):
         self.total.fill_(epochs * self.steps_per_epoch())
 
     # ------------------------------------------------------------------ train
+    collects = False  # the samples are the fxcache's bars: no collection phase
+
     def collect(self) -> None:
         """Nothing to collect: the samples are the fxcache's bars."""
 

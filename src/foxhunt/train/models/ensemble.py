@@ -242,6 +242,8 @@ class EnsembleAgent:
         for a in self.members:
             a.begin_epoch(epoch, epochs)
 
+    collects = False  # the samples are the fxcache's bars: no collection phase
+
     def collect(self) -> None:
         """Nothing to collect: the samples are the fxcache's bars."""
 
