@@ -587,7 +587,7 @@ def test_the_mean_head_regresses_on_the_double_q_target():
     taken = acts[:, 0, 0] * 10 + acts[:, 0, 1] * 2 + acts[:, 0, 2]
     td = q[torch.arange(B), taken] - (R + cfg.gamma ** m.float() * nxt)
     assert torch.allclose(prio, td.abs(), rtol=1e-5, atol=1e-6)
-    assert float(loss) == pytest.approx(float((0.5 * td.square()).mean()), rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(float((0.5 * td.square()).mean()), rel=1e-5)
     assert m.max() == 2 and m.min() >= 1  # n-step transitions of both lengths were replayed
 
 
