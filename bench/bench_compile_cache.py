@@ -3,6 +3,8 @@ compile cache on the fxcache volume (TrainConfig.compile_cache) saves the next o
 
     python3 bench/bench_compile_cache.py [--models dqn,ppo,tlob]     on a CUDA device
     python3 bench/bench_compile_cache.py --cpu-smoke                 tiny sizes on the CPU
+    python3 bench/bench_compile_cache.py --models dqn --aot          the DQN's steps compiled
+                                                                     ahead of time (AOTInductor)
 
 For each model, two fresh processes in turn over one empty cache folder: the first compiles
 (cold), the second loads what the first kept (warm). Each builds the model at its GPU defaults
@@ -43,13 +45,14 @@ mark("torch_import")
 from foxhunt.train.core import use_compile_cache
 use_compile_cache(Path(sys.argv[3]))  # first, as a task does: the caches' paths are set
 mark("foxhunt_import")
-import torch._dynamo, torch._inductor.compile_fx  # what the first torch.compile imports
-mark("compiler_imports")
+model, sets = sys.argv[4], json.loads(sys.argv[5])
+if sets.get("compile_mode") != "aot":  # ahead of time, nothing is compiled in this process
+    import torch._dynamo, torch._inductor.compile_fx  # what the first torch.compile imports
+    mark("compiler_imports")
 from foxhunt.bench.workload import model_config
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
-model, sets = sys.argv[4], json.loads(sys.argv[5])
 dev, market = torch.device(sys.argv[6]), np.load(sys.argv[7])
 if dev.type == "cuda":
     torch.cuda.init()
@@ -71,11 +74,13 @@ agent.read_stats()
 if dev.type == "cuda":
     torch.cuda.synchronize()
 mark("epoch")
+first_epoch_s, compiler_imported = time.time() - t0, "torch._dynamo" in sys.modules
 from torch._dynamo.utils import compilation_time_metrics, counters
 # Where compile time went (Dynamo's timers, summed over the process's compiled functions;
 # they nest: _compile.compile_inner holds the rest).
 spent = sorted(((k, sum(v)) for k, v in compilation_time_metrics.items()), key=lambda kv: -kv[1])
-print(json.dumps({"first_epoch_s": time.time() - t0, "phases_s": marks,
+print(json.dumps({"first_epoch_s": first_epoch_s, "phases_s": marks,
+                  "compiler_imported": compiler_imported,
                   "fxgraph": {k: v for k, v in counters["inductor"].items() if "fxgraph" in k},
                   "aot_autograd": {k: v for k, v in counters["aot_autograd"].items()
                                    if "cache" in k or "bypass" in k},
@@ -89,6 +94,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="dqn,ppo,pqn,tlob")
     ap.add_argument("--cpu-smoke", action="store_true")
+    ap.add_argument("--aot", action="store_true",
+                    help="the DQN with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
     dev = "cpu" if args.cpu_smoke else "cuda"
@@ -100,6 +107,10 @@ def main() -> None:
     np.savez(market, **dict(zip(("feats", "ofi", "ohlc"), standard_market(n), strict=True)))
     for model in args.models.split(","):
         sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
+        if args.aot:
+            if model != "dqn":
+                raise SystemExit("--aot: only the DQN's steps compile ahead of time")
+            sets["compile_mode"] = "aot"
         if args.cpu_smoke:
             sets |= {"tlob": {"window": 8, "hidden": 8, "layers": 1, "batch_size": 32,
                               "steps": 2},
@@ -123,7 +134,8 @@ def main() -> None:
                 print(f"{model:6s} {phase}: {v['first_epoch_s']:5.1f} s ({parts}) "
                       f"{v['fxgraph']} {v.get('aot_autograd', {})}, "
                       f"{v.get('frames_traced')} frames traced, {v.get('graph_breaks')} graph "
-                      "breaks", flush=True)  # fmt: skip
+                      f"breaks, Dynamo imported: {v.get('compiler_imported')}",
+                      flush=True)  # fmt: skip
                 top = ", ".join(f"{k} {t:.1f}" for k, t in v["compile_s"].items())
                 print(f"{'':6s} compile time by Dynamo's timers (s): {top}", flush=True)
             out.write_text(json.dumps(res, indent=1))

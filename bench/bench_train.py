@@ -30,7 +30,8 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 `-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL), `-optstep` (Adam's
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
 than `common.adam_step`), `-combo` (inductor's combo kernels: a graph's independent small
-kernels launched as one),
+kernels launched as one), `-aot` (the collection and learning steps compiled ahead of time
+by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by torch.compile),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -276,14 +277,16 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
             agent.capture()
         report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture)
         return
+    mode = "max-autotune-no-cudagraphs" if "autotune" in opts else "default"
+    mode = "aot" if "aot" in opts else mode
     cfg = DQNConfig(
         capture=capture,
         precision=precision,
         noisy="noisy" in opts,
         epsilon=0.0 if "noisy" in opts else 0.05,
         n_step=3,  # the standard workload's; the DQN's default is 1
-        compile="compile" in opts or "autotune" in opts,
-        compile_mode="max-autotune-no-cudagraphs" if "autotune" in opts else "default",
+        compile="compile" in opts or mode != "default",
+        compile_mode=mode,
         float32_outputs="f32out" in opts,
         dense_inputs="dense" in opts,
         triton_target=False if "torchtarget" in opts else None,

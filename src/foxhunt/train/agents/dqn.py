@@ -46,6 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from foxhunt.train import aot
 from foxhunt.train.agents import c51_triton
 from foxhunt.train.agents.common import (
     IN_DIM,
@@ -202,8 +203,12 @@ class DQNConfig:
     """torch.compile the collection step, the loss and the optimiser update (kernel fusion)
     before capture (default: on with CUDA graphs). Costs about half a minute at the start of a
     task on a cold compile cache."""
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs"] = "default"
-    """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start)."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "aot"] = "default"
+    """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start).
+    "aot": the collection step and the whole learning step (sample, loss, gradient, update)
+    compiled ahead of time by AOTInductor into the compile cache and loaded from there, by the
+    task that built them and by every later one, which then traces and compiles nothing
+    (foxhunt.train.aot). Experimental: its numbers equal the other modes' to float rounding."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
@@ -217,6 +222,11 @@ class DQNConfig:
         if cfg.epsilon is None:
             cfg = dataclasses.replace(cfg, epsilon=0.0 if cfg.noisy else 0.1)
         fused = device.type == "cuda" and self.distribution == "c51" and c51_triton.available()
+        if self.compile and self.compile_mode == "aot" and self.distribution == "iqn":
+            raise ValueError(
+                "compile_mode = 'aot': IQN draws its quantile fractions inside the learning "
+                "step, which a step compiled ahead of time cannot; use 'default' for IQN"
+            )
         if self.triton_target and not fused:
             raise ValueError(
                 "triton_target = True: the fused C51 target needs distribution 'c51', Triton "
@@ -740,7 +750,9 @@ class RainbowAgent(AgentState):
             capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )
-        self.update_fn = compiled(self._step_update) if cfg.compile else self._step_update
+        self.update_fn = self._step_update
+        if cfg.compile and cfg.compile_mode != "aot":
+            self.update_fn = compiled(self._step_update)
         # C51's next-state target: one Triton kernel on a GPU, the torch form elsewhere.
         self.next_target = c51_triton.next_target if cfg.triton_target else c51_next_target
         self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
@@ -772,8 +784,11 @@ class RainbowAgent(AgentState):
         # The collection step compiled as well: its env step, n-step window and replay write
         # are elementwise work over all envs that inductor fuses (the stack compiles the plain
         # `_collect_act` under its vmap).
-        self.collect_fn = compiled(self._collect_act) if cfg.compile else self._collect_act
-        if cfg.compile:
+        self.aot = cfg.compile and cfg.compile_mode == "aot"
+        self.learn_aot: aot.Step | None = None  # built at the first step (`_aot_steps`)
+        self.collect_fn = self._collect_act
+        if cfg.compile and not self.aot:
+            self.collect_fn = compiled(self._collect_act)
             self._loss = compiled(self._loss, mode=cfg.compile_mode)
         self.ensure_optimizer_state()
 
@@ -912,6 +927,8 @@ class RainbowAgent(AgentState):
         self.collect_sums += torch.cat([torch.stack([reward, filled.abs(), done.float()]), side])
 
     def _collect_block(self) -> None:
+        if self.aot and self.learn_aot is None:
+            self._aot_steps()
         for k in range(self.cfg.collect_steps):
             self.collect_fn(self.u_collect[k], self._collect_noise(k))
 
@@ -1017,6 +1034,11 @@ class RainbowAgent(AgentState):
         if cfg.noisy:  # this step's row of the block's samples; the row after it next
             next_noise_row_(self.noise_now, self.learn_noise, self.learn_i, cfg.learn_steps)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
+        if self.aot:
+            if self.learn_aot is None:
+                self._aot_steps()
+            self.learn_aot(u)
+            return
         idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
@@ -1024,6 +1046,30 @@ class RainbowAgent(AgentState):
         loss.backward()
         self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
         self.update_fn(idx, per, loss.detach(), q_taken, cql, clipped)
+
+    def _learn_body(self, u: torch.Tensor) -> None:
+        """A learning step after its uniforms, as `compile_mode="aot"` traces it: there the
+        parameters are views of the flat buffer to autograd as well (foxhunt.train.aot), so
+        the gradient is taken for the flat buffer itself."""
+        idx, w = self.replay.sample(u)
+        with torch.enable_grad():  # it may be built inside the collection's no_grad
+            loss, per, q_taken, cql, clipped = self._loss(idx, w)
+            (self.flat.grad,) = torch.autograd.grad(loss, [self.flat])
+        self._step_update(idx, per, loss.detach(), q_taken, cql, clipped)
+        self.flat.grad = None
+
+    def _aot_steps(self) -> None:
+        """The learning and collection steps from the compile cache, traced and built first
+        where they are not there (foxhunt.train.aot; the state is restored after the trace)."""
+        settings = repr((self.cfg, self.env.cfg))
+        u = torch.zeros(self.cfg.batch_size, device=self.device)
+        self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, (u,), settings,
+                                  self.snapshot, self.restore)  # fmt: skip
+        noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
+        collect = aot.Step(self, f"dqn-collect-{noise}",
+                           lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
+                           self.snapshot, self.restore)  # fmt: skip
+        self.collect_fn = lambda u, _noise: collect(u)
 
     def _step_update(self, idx, per, loss, q_taken, cql, clipped) -> None:
         """The update (`_update`), then the sampled slots' new priorities and the step's

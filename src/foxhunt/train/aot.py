@@ -1,0 +1,293 @@
+"""Training steps compiled ahead of time: a task on a warm compile cache loads its agent's
+steps and runs them, with nothing traced or compiled and no compiler imported to do it.
+
+torch.compile traces each compiled function again in every new process (Dynamo's bytecode
+tracing, AOTAutograd) even where inductor's cache holds the code, and imports the compiler to
+do so. Here a step is traced once with its gradient and optimiser step (make_fx, at the level
+of aten operators), compiled by AOTInductor into a package in the compile cache, and loaded
+by torch's C++ loader (`torch._C._aoti`) in every task after: in the task that built it as
+well, so that a first run and a retry run the same code and get the same numbers.
+
+A step becomes a function of tensors alone: every tensor reachable from the agent (its
+networks' parameters and buffers, the optimiser's state, the replay, envs, data and
+statistics, lists and dicts of them) is an input. Tensors that share memory are passed once,
+as a tensor spanning that memory (their base), and inside the trace each of them is rebound
+to its view of the base, so that a write through one is read through the others (an agent's
+parameters are views of its flat buffer). The step changes its inputs in place, as eager code
+does: captured CUDA graphs, checkpoints and resume files see the same tensors. Python values
+the step reads (settings, the optimiser's learning rate) are fixed in the package and are part
+of its key; a value that changes during training must be a tensor of the agent's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import tempfile
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from foxhunt.provenance import source_digest
+
+
+@dataclass
+class Slot:
+    """Where a tensor of the agent's lives (`container[key]`), and which base and view of it the
+    tensor is."""
+
+    container: Any
+    key: Any
+    tensor: torch.Tensor
+    base: int = -1
+
+
+def tensor_slots(root: object, optimisers: list | None = None) -> list[Slot]:
+    """Every place a tensor is held below `root`: attributes of foxhunt's objects, modules'
+    parameters, buffers and tensor attributes, optimisers' state, lists and dicts (and the
+    optimisers met, appended to `optimisers`)."""
+    out: list[Slot] = []
+    seen: set[int] = set()
+
+    def visit(obj: object, root: bool = False) -> None:
+        if obj is None or id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, nn.Module):
+            for m in obj.modules():
+                for d in (m._parameters, m._buffers):
+                    items(d, d.items())
+                items(m.__dict__, [(k, v) for k, v in vars(m).items() if torch.is_tensor(v)])
+        elif isinstance(obj, torch.optim.Optimizer):
+            if optimisers is not None:
+                optimisers.append(obj)
+            for st in obj.state.values():
+                items(st, st.items())
+        elif isinstance(obj, dict):
+            items(obj, obj.items())
+        elif isinstance(obj, list):
+            items(obj, enumerate(obj))
+        elif type(obj).__module__ == __name__:  # a step of its own is not its state
+            return
+        elif (root or type(obj).__module__.startswith("foxhunt.")) and hasattr(obj, "__dict__"):
+            items(obj.__dict__, vars(obj).items())
+
+    def items(container: Any, pairs) -> None:
+        for k, v in list(pairs):
+            if torch.is_tensor(v):
+                out.append(Slot(container, k, v))
+            else:
+                visit(v)
+
+    visit(root, root=True)
+    return out
+
+
+class Bound:
+    """An agent's tensors as a step's inputs: one base per block of memory, and each slot's
+    view of its base."""
+
+    def __init__(self, root: object):
+        self.optimisers: list[torch.optim.Optimizer] = []
+        self.slots = tensor_slots(root, self.optimisers)
+        blocks: dict[tuple, list[Slot]] = {}
+        for s in self.slots:
+            t = s.tensor
+            blocks.setdefault((t.device, t.untyped_storage().data_ptr()), []).append(s)
+        self.bases: list[torch.Tensor] = []
+        for i, block in enumerate(blocks.values()):
+            self.bases.append(_spanning([s.tensor for s in block]))
+            for s in block:
+                s.base = i
+        for s in self.slots:
+            b = self.bases[s.base]
+            if s.tensor.dtype != b.dtype:
+                raise ValueError(
+                    f"aot: a {s.tensor.dtype} tensor {tuple(s.tensor.shape)} at {s.key!r} shares "
+                    f"its memory with a {b.dtype} one: a step's inputs need one dtype a block"
+                )  # fmt: skip
+        # The loader's inputs: the bases without autograd's record (they alias the bases).
+        self.inputs = [b.detach() for b in self.bases]
+
+    def check(self) -> None:
+        """Refuse to run on tensors the agent no longer holds: a step's package reads the
+        tensors it was given when loaded, so the agent must change its own in place (as CUDA
+        graphs need too), never put new ones in their place."""
+        for s in self.slots:
+            if s.container[s.key] is not s.tensor:
+                raise RuntimeError(
+                    f"aot: {s.key!r} was replaced by another tensor after the step was loaded; "
+                    "a compiled step's tensors must be changed in place"
+                )  # fmt: skip
+
+    def geometry(self) -> str:
+        """What a package compiled for these tensors assumes of them (part of its key)."""
+        return ";".join(
+            f"{b.dtype},{tuple(b.shape)},{b.device.type}" for b in self.bases
+        ) + "|" + ";".join(
+            f"{s.base},{tuple(s.tensor.shape)},{s.tensor.stride()},{s.tensor.storage_offset()}"
+            for s in self.slots
+        )  # fmt: skip
+
+    @contextlib.contextmanager
+    def rebound(self, bases: list[torch.Tensor]) -> Iterator[None]:
+        """Within the block every slot holds its view of `bases` (the trace's inputs); the
+        tensors it held before come back after."""
+        views: dict[int, torch.Tensor] = {}
+        for s in self.slots:
+            b = bases[s.base]
+            if s.tensor is not self.bases[s.base]:
+                if id(s.tensor) not in views:
+                    t = s.tensor
+                    views[id(t)] = b.as_strided(t.shape, t.stride(), t.storage_offset())
+                s.container[s.key] = views[id(s.tensor)]
+        try:
+            yield
+        finally:
+            for s in self.slots:
+                s.container[s.key] = s.tensor
+
+
+def _spanning(ts: list[torch.Tensor]) -> torch.Tensor:
+    """A tensor over the whole of the memory `ts` share: one of them where it spans it (a
+    flat buffer whose views the others are), else a new one."""
+    t = ts[0]
+    n = t.untyped_storage().nbytes()
+    for u in ts:
+        if u.storage_offset() == 0 and u.is_contiguous() and u.numel() * u.element_size() == n:
+            return u
+    if n % t.element_size():
+        raise ValueError(f"aot: memory of {n} bytes is not a whole number of {t.dtype}")
+    base = torch.empty(0, dtype=t.dtype, device=t.device)
+    return base.set_(t.untyped_storage(), 0, (n // t.element_size(),))
+
+
+@contextlib.contextmanager
+def _capturable(optimisers: list[torch.optim.Optimizer]) -> Iterator[None]:
+    """The optimisers' capturable form for the trace, their step count a tensor on the device
+    (on a CPU their uncompiled form reads it into Python, which a trace cannot follow), with
+    library code seeing what torch.compile's tracing shows it (`is_compiling`), as torch.optim
+    allows that form on a CPU only there."""
+    import unittest.mock
+
+    groups = [g for o in optimisers for g in o.param_groups]
+    before = [g["capturable"] for g in groups]
+    try:
+        for g in groups:
+            g["capturable"] = True
+        with unittest.mock.patch("torch.compiler.is_compiling", lambda: True):
+            yield
+    finally:
+        for g, c in zip(groups, before, strict=True):
+            g["capturable"] = c
+
+
+def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
+    """`body(*args)` as an aten graph of (bases..., args...), gradients and in-place updates
+    included. The trace runs the step once for real: the caller restores the state after."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    n = len(bound.bases)
+
+    def fn(*xs):
+        with bound.rebound(list(xs[:n])):
+            out = body(*xs[n:])
+        return tuple(out) if isinstance(out, (tuple, list)) else (() if out is None else (out,))
+
+    with _capturable(bound.optimisers):
+        return make_fx(fn)(*bound.bases, *args)
+
+
+class _Wrap(nn.Module):
+    def __init__(self, gm: torch.fx.GraphModule):
+        super().__init__()
+        self.gm = gm
+
+    def forward(self, *xs):
+        return self.gm(*xs)
+
+
+def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path) -> Path:
+    """Export the traced step and compile it with AOTInductor into the package `path`
+    (written under a temporary name and renamed: tasks sharing the cache never read half a
+    package)."""
+    ex = tuple(x.detach().clone() for x in example)
+    ep = torch.export.export(_Wrap(gm), ex, strict=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt2")
+    os.close(fd)
+    try:
+        with warnings.catch_warnings():  # torch's own pytree use, inside its packaging
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
+            torch._inductor.aoti_compile_and_package(ep, package_path=tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+def cache_dir() -> Path:
+    """Where packages go: beside inductor's cache (the compile cache a task was pointed at:
+    foxhunt.train.core.use_compile_cache), else the system's temporary folder."""
+    root = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not root:
+        root = str(Path(tempfile.gettempdir()) / f"torchinductor_{os.getuid()}")
+    return Path(root) / "foxhunt-aot"
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        p = torch.cuda.get_device_properties(device)
+        return f"cuda:{p.name}:{p.major}.{p.minor}"
+    return device.type
+
+
+def package_path(name: str, settings: str, bound: Bound, args: tuple) -> Path:
+    """The package of step `name` in the cache: keyed by the Python values it reads
+    (`settings`), torch's version, the device, foxhunt's source and the layout of its
+    tensors."""
+    dev = bound.bases[0].device
+    sig = ";".join(f"{a.dtype},{tuple(a.shape)},{a.stride()}" for a in args)
+    parts = (name, settings, torch.__version__, device_name(dev), source_digest(),
+             bound.geometry(), sig)  # fmt: skip
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    return cache_dir() / f"{name}-{key}.pt2"
+
+
+class Step:
+    """An agent's step compiled ahead of time: `step(*args)` runs it on the agent's tensors.
+
+    `name` and `settings` (the Python values the step reads: its config) key the package
+    together with torch's version, the device, foxhunt's source and the tensors' layout; a
+    package that is there is loaded, one that is not is traced and built first. `prepare`
+    runs before the trace and `restore` after it (the agent's snapshot and restore: the trace
+    runs the step once)."""
+
+    def __init__(self, root: object, name: str, body: Callable, args: tuple, settings: str,
+                 prepare: Callable[[], Any], restore: Callable[[Any], None]):  # fmt: skip
+        self.bound = Bound(root)
+        dev = self.bound.bases[0].device
+        self.path = package_path(name, settings, self.bound, args)
+        self.built = not self.path.exists()
+        if self.built:
+            saved = prepare()
+            try:
+                gm = trace(self.bound, body, args)
+            finally:
+                restore(saved)
+            build(gm, [*self.bound.bases, *args], self.path)
+        index = dev.index if dev.type == "cuda" and dev.index is not None else -1
+        if dev.type == "cuda" and index < 0:
+            index = torch.cuda.current_device()
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1,
+                                                            index)  # fmt: skip
+
+    def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
+        self.bound.check()
+        return self.loader.run([*self.bound.inputs, *args])

@@ -1,0 +1,159 @@
+"""Steps compiled ahead of time (foxhunt.train.aot, DQNConfig.compile_mode="aot"), on the CPU:
+AOTInductor builds C++ here. Each package takes 10-30 s to build, so the tests share one
+compile cache and one configuration where they can."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import types
+
+import pytest
+import torch
+
+from foxhunt.train import aot
+from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.env import EnvConfig
+from marketdata import random_market
+
+CFG = DQNConfig(
+    hidden=(32, 32), head_hidden=16, envs=8, collect_steps=6, learn_steps=4, batch_size=32,
+    replay_capacity=512, compile=True, compile_mode="aot", dense_inputs=True,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory, monkeypatch_module):
+    path = tmp_path_factory.mktemp("compile-cache")
+    monkeypatch_module.setenv("TORCHINDUCTOR_CACHE_DIR", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as mp:
+        yield mp
+
+
+def train(cfg: DQNConfig, epochs: int = 3) -> RainbowAgent:
+    """An agent trained `epochs` epochs of one fold, single-threaded (a thread count of its
+    own would sum in another order)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        agent = RainbowAgent(cfg, EnvConfig(episode_bars=64), random_market(), seed=0)
+        agent.reset_fold(0, 400, seed=1)
+        for e in range(epochs):
+            agent.begin_epoch(e, epochs)
+            agent.collect()
+            agent.learn()
+        return agent
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_step_compiled_ahead_of_time_trains_as_the_eager_agent_does(cache):
+    """Three epochs: the statistics and weights of the agent whose collection and learning steps
+    were built into the cache, and of a second agent that loaded them, against the uncompiled
+    agent's. The two compiled agents agree bit for bit (the same code); the eager one to float
+    rounding (inductor fuses and orders sums otherwise)."""
+    built = train(CFG)
+    assert built.learn_aot.built, "the first agent builds the package"
+    assert sorted(p.name.split("-")[1] for p in (cache / "foxhunt-aot").glob("*.pt2")) == [
+        "collect", "learn"]  # fmt: skip
+    loaded = train(CFG)
+    assert not loaded.learn_aot.built, "the second loads what the first built"
+    eager = train(dataclasses.replace(CFG, compile=False))
+    assert eager.learn_aot is None
+    s_built, s_loaded, s_eager = (a.read_stats() for a in (built, loaded, eager))
+    assert s_built == s_loaded
+    assert torch.equal(built.flat, loaded.flat)
+    assert torch.equal(built.replay.prio, loaded.replay.prio)
+    for k in ("losses/loss", "losses/grad_norm", "losses/q_taken", "charts/collect_reward_bps"):
+        assert s_built[k] == pytest.approx(s_eager[k], rel=1e-4, abs=1e-6), k
+    assert s_built["losses/loss"] > 0
+    torch.testing.assert_close(built.flat, eager.flat, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(built.target_flat, eager.target_flat, rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(built.replay.prio, eager.replay.prio, rtol=1e-3, atol=1e-5)
+    assert torch.equal(built.replay.ibuf, eager.replay.ibuf), "the same transitions collected"
+    assert int(built.opt.state[built.flat]["step"]) == 3 * CFG.learn_steps
+
+
+def test_a_fresh_process_runs_the_steps_without_importing_the_compiler(cache):
+    """What the warm start saves: another process loads the packages and trains an epoch with
+    no frame traced and inductor's compiler not imported (torch.optim's Adam imports Dynamo's
+    module when it is built, but nothing runs through it)."""
+    train(CFG, epochs=1)  # the packages are there
+    code = f"""
+import sys, torch
+sys.path[:0] = {sys.path!r}
+from test_aot import CFG, train
+a = train(CFG, epochs=1)
+assert not a.learn_aot.built
+from torch._dynamo.utils import counters
+print(sorted(m for m in sys.modules if m.startswith(("torch._inductor.compile_fx",
+      "torch._inductor.codegen", "torch._inductor.graph"))), counters["frames"]["total"])
+print(a.read_stats()["losses/loss"])
+"""
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                       timeout=300)  # fmt: skip
+    assert p.returncode == 0, p.stderr[-3000:]
+    modules, loss = p.stdout.strip().splitlines()[-2:]
+    assert modules == "[] 0", "inductor's compiler imported, or frames traced"
+    assert float(loss) > 0
+
+
+def test_a_replaced_tensor_is_refused_by_name(cache):
+    agent = train(CFG, epochs=1)
+    agent.z = agent.z.clone()  # a package reads the tensors it was loaded with
+    with pytest.raises(RuntimeError, match=r"'z' was replaced"):
+        agent.learn()
+
+
+def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
+    """A step that writes through the flat buffer and reads through a view of it: inside the
+    package the view is made from the buffer, so it reads what was written (as eager code
+    does), where two separate inputs would read the old values."""
+
+    h = types.SimpleNamespace()
+    h.flat = torch.arange(8.0)
+    h.views = [h.flat[:4].view(2, 2), h.flat[4:]]
+    h.out = torch.zeros(4)
+
+    def body(x):
+        h.flat.mul_(x)
+        h.out.copy_(h.views[1] + 1)
+
+    bound = aot.Bound(h)
+    assert len(bound.bases) == 2
+    gm = aot.trace(bound, body, (torch.full((8,), 2.0),))
+    h.flat.copy_(torch.arange(8.0))
+    h.out.zero_()
+    path = aot.build(gm, [*bound.bases, torch.ones(8)], tmp_path / "toy.pt2")
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    loader.run([*bound.inputs, torch.full((8,), 3.0)])
+    assert h.flat.tolist() == [3.0 * i for i in range(8)]
+    assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]
+
+
+def test_the_package_key_changes_with_the_settings_and_the_layout():
+    """Another learning rate or another size is another package (the Python values a step
+    reads are fixed in it)."""
+    h = types.SimpleNamespace()
+    h.w = torch.zeros(4)
+    u = torch.zeros(3)
+    keys = {
+        aot.package_path("s", "lr=1e-3", aot.Bound(h), (u,)),
+        aot.package_path("s", "lr=1e-4", aot.Bound(h), (u,)),
+        aot.package_path("s", "lr=1e-3", aot.Bound(h), (torch.zeros(5),)),
+    }
+    h.w = torch.zeros(6)
+    keys.add(aot.package_path("s", "lr=1e-3", aot.Bound(h), (u,)))
+    assert len(keys) == 4
+
+
+def test_iqn_is_refused_ahead_of_time():
+    with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
+        dataclasses.replace(CFG, distribution="iqn").resolved(torch.device("cpu"))
