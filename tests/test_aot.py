@@ -82,8 +82,8 @@ def test_a_step_compiled_ahead_of_time_trains_as_the_eager_agent_does(cache):
 
 def test_a_fresh_process_runs_the_steps_without_importing_the_compiler(cache):
     """What the warm start saves: another process loads the packages and trains an epoch with
-    no frame traced and inductor's compiler not imported (torch.optim's Adam imports Dynamo's
-    module when it is built, but nothing runs through it)."""
+    neither Dynamo nor inductor imported (on the H200's hosts their imports alone took 9-15 s),
+    nothing traced and nothing compiled."""
     train(CFG, epochs=1)  # the packages are there
     code = f"""
 import sys, torch
@@ -91,9 +91,7 @@ sys.path[:0] = {sys.path!r}
 from test_aot import CFG, train
 a = train(CFG, epochs=1)
 assert not a.learn_aot.built
-from torch._dynamo.utils import counters
-print(sorted(m for m in sys.modules if m.startswith(("torch._inductor.compile_fx",
-      "torch._inductor.codegen", "torch._inductor.graph"))), counters["frames"]["total"])
+print(sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor"))))
 print(a.read_stats()["losses/loss"])
 """
     env = {"TORCHINDUCTOR_CACHE_DIR": str(cache), "PATH": "/usr/bin:/bin"}
@@ -101,7 +99,7 @@ print(a.read_stats()["losses/loss"])
                        timeout=300)  # fmt: skip
     assert p.returncode == 0, p.stderr[-3000:]
     modules, loss = p.stdout.strip().splitlines()[-2:]
-    assert modules == "[] 0", "inductor's compiler imported, or frames traced"
+    assert modules == "[]", "torch's compiler imported"
     assert float(loss) > 0
 
 
@@ -157,3 +155,26 @@ def test_the_package_key_changes_with_the_settings_and_the_layout():
 def test_iqn_is_refused_ahead_of_time():
     with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
         dataclasses.replace(CFG, distribution="iqn").resolved(torch.device("cpu"))
+
+
+def test_flat_adam_holds_what_torch_s_adam_holds():
+    """The optimiser of an agent compiled ahead of time (built without torch.optim, whose
+    constructor imports torch._dynamo): the same settings as torch.optim.Adam's and its state
+    as torch's Adam makes it at its first step (capturable: the step count on the device)."""
+    from foxhunt.train.agents.common import FlatAdam, ensure_adam_state
+
+    flat = torch.randn(10, requires_grad=True)
+    kw = dict(lr=3e-4, eps=1e-6, weight_decay=0.5, decoupled_weight_decay=True, foreach=True)
+    ours = FlatAdam(flat, **kw)
+    theirs = torch.optim.Adam([flat], capturable=True, **kw)
+    assert ours.defaults == theirs.defaults
+    assert ours.param_groups[0].keys() == theirs.param_groups[0].keys()
+    assert ours.param_groups[0]["params"][0] is flat
+    flat.grad = torch.zeros_like(flat)
+    theirs.param_groups[0]["capturable"] = False  # on a CPU torch steps only this form
+    ensure_adam_state(theirs, flat)
+    a, b = ours.state[flat], theirs.state[flat]
+    assert a.keys() == b.keys()
+    for k in a:
+        assert (a[k].dtype, a[k].shape, a[k].device) == (b[k].dtype, b[k].shape, b[k].device), k
+        assert not a[k].any(), k

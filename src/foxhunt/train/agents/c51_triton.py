@@ -104,8 +104,23 @@ if triton is not None:
         tl.store(out_ptr + b * N + n, proj, mask=nm)
         tl.store(clip_ptr + b, clip)
 
+
+_target_op = None  # the op, once registered (`register`)
+
+
+def register():
+    """The kernel as the op `foxhunt::c51_target`, registered at the first call (later calls
+    return it). Not at import: registering a `triton_op` imports torch's compiler
+    (torch._dynamo and torch._inductor, seconds on the H200's hosts), which a task whose steps
+    were compiled ahead of time never needs (foxhunt.train.aot: the package holds the kernel).
+    An agent that torch.compile traces registers it when built, so that the trace never meets
+    the registration."""
+    global _target_op
+    if _target_op is not None:
+        return _target_op
+
     @torch.library.triton_op("foxhunt::c51_target", mutates_args=())
-    def _target_op(
+    def op(
         v_on: torch.Tensor, a_on: torch.Tensor, v_tg: torch.Tensor, a_tg: torch.Tensor,
         R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
@@ -122,8 +137,8 @@ if triton is not None:
         )  # fmt: skip
         return out, clip
 
-    @_target_op.register_vmap
-    def _target_vmap(info, in_dims, v_on, a_on, v_tg, a_tg, R, disc, z):
+    @op.register_vmap
+    def _vmap(info, in_dims, v_on, a_on, v_tg, a_tg, R, disc, z):
         """The op over K stacked agents (dqn_stacked's vmap): every sample is one program
         whichever agent it belongs to, so the K batches run as one batch of K * B samples. The
         agents share the support z (one fold, one configuration)."""
@@ -137,8 +152,11 @@ if triton is not None:
 
         tensors = (v_on, a_on, v_tg, a_tg, R, disc)
         args = [rows(x, d) for x, d in zip(tensors, in_dims[:-1], strict=True)]
-        out, clip = _target_op(*args, z)
+        out, clip = op(*args, z)
         return (out.view(K, -1, *out.shape[1:]), clip.view(K, -1, *clip.shape[1:])), (0, 0)
+
+    _target_op = op
+    return op
 
 
 Logits = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
@@ -164,5 +182,6 @@ def next_target(
     (v_on, a_on), (v_tg, a_tg) = _streams(on2), _streams(tg2)
     if {v_on.dtype, a_on.dtype} != {v_tg.dtype, a_tg.dtype}:
         raise ValueError("c51_triton.next_target: the online and target logits' dtypes differ")
-    return _target_op(v_on, a_on, v_tg, a_tg, R.float().contiguous(),
+    op = register() if _target_op is None else _target_op
+    return op(v_on, a_on, v_tg, a_tg, R.float().contiguous(),
                       disc.float().reshape(-1).contiguous(), z.float().contiguous())  # fmt: skip

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Literal
@@ -213,7 +214,29 @@ def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
                 v.zero_()
 
 
-def adam_step(opt: torch.optim.Adam, flat: torch.Tensor) -> None:
+class FlatAdam:
+    """Adam's settings and state for one flat parameter, held as torch.optim.Adam holds them
+    (`defaults`, `param_groups`, `state`, the state made at once), for an agent whose steps
+    are compiled ahead of time (foxhunt.train.aot): building a torch optimiser imports
+    torch._dynamo (a second on the 2-core VM, about five on the H200's hosts), which such a
+    task needs for nothing else. Its step is `adam_step`'s, torch.optim.adam.adam, in the
+    capturable form (the step count a tensor on the device), traced into the package. Its
+    settings and state equal torch.optim.Adam's (tests/test_aot.py)."""
+
+    def __init__(self, flat: torch.Tensor, *, lr: float, eps: float, weight_decay: float,
+                 decoupled_weight_decay: bool, foreach: bool):  # fmt: skip
+        self.defaults = dict(
+            lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=weight_decay, amsgrad=False,
+            maximize=False, foreach=foreach, capturable=True, differentiable=False, fused=None,
+            decoupled_weight_decay=decoupled_weight_decay,
+        )  # fmt: skip
+        self.param_groups = [{"params": [flat], **self.defaults}]
+        zeros = functools.partial(torch.zeros_like, flat, memory_format=torch.preserve_format)
+        step = torch.zeros((), dtype=torch.get_default_dtype(), device=flat.device)
+        self.state = {flat: {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}}
+
+
+def adam_step(opt: torch.optim.Adam | FlatAdam, flat: torch.Tensor) -> None:
     """`opt.step()` for an Adam (or AdamW) over the one parameter `flat`, whose state exists
     (`ensure_adam_state`): the function `torch.optim.Adam.step` calls, with the arguments it
     passes, so the same arithmetic bit for bit. Not the method itself, which breaks a compiled

@@ -53,6 +53,7 @@ from foxhunt.train.agents.common import (
     STATE_DIM,
     AgentState,
     Capture,
+    FlatAdam,
     Observation,
     Precision,
     autocast,
@@ -739,22 +740,26 @@ class RainbowAgent(AgentState):
         self.target_flat = flatten_into_views(list(self.target.parameters()))
         self._noise_banks(cfg, dev)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
+        # Steps compiled ahead of time (`_aot_steps`) or by torch.compile (below), or neither.
+        self.aot = cfg.compile and cfg.compile_mode == "aot"
+        self.learn_aot: aot.Step | None = None  # built at the first step
+        jit = cfg.compile and not self.aot
         # Adam's foreach form is what inductor fuses when compiled; uncompiled on a GPU the
         # one-op-at-a-time form runs full-grid kernels over the flat buffer and is faster.
-        self.opt = torch.optim.Adam(
-            [self.flat],
+        adam = dict(
             lr=cfg.lr,
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
             decoupled_weight_decay=True,
-            capturable=dev.type == "cuda",
             foreach=cfg.compile or dev.type != "cuda",
         )
-        self.update_fn = self._step_update
-        if cfg.compile and cfg.compile_mode != "aot":
-            self.update_fn = compiled(self._step_update)
+        self.opt = FlatAdam(self.flat, **adam) if self.aot else torch.optim.Adam(
+            [self.flat], capturable=dev.type == "cuda", **adam)  # fmt: skip
+        self.update_fn = compiled(self._step_update) if jit else self._step_update
         # C51's next-state target: one Triton kernel on a GPU, the torch form elsewhere.
         self.next_target = c51_triton.next_target if cfg.triton_target else c51_next_target
+        if cfg.triton_target and jit:
+            c51_triton.register()  # before torch.compile traces a call of it
         self.replay = Replay(cfg.replay_capacity, dev, cfg.n_step)
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         # The support: fixed by the config, or rewritten in place per fold (reset_fold).
@@ -784,11 +789,8 @@ class RainbowAgent(AgentState):
         # The collection step compiled as well: its env step, n-step window and replay write
         # are elementwise work over all envs that inductor fuses (the stack compiles the plain
         # `_collect_act` under its vmap).
-        self.aot = cfg.compile and cfg.compile_mode == "aot"
-        self.learn_aot: aot.Step | None = None  # built at the first step (`_aot_steps`)
-        self.collect_fn = self._collect_act
-        if cfg.compile and not self.aot:
-            self.collect_fn = compiled(self._collect_act)
+        self.collect_fn = compiled(self._collect_act) if jit else self._collect_act
+        if jit:
             self._loss = compiled(self._loss, mode=cfg.compile_mode)
         self.ensure_optimizer_state()
 

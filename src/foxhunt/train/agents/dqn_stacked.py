@@ -73,6 +73,8 @@ def stackable(agents: Sequence) -> str | None:
         return "the agents' configurations differ (only their seeds may)"
     if cfg.distribution == "iqn":
         return "IQN draws its quantile fractions inside the step"
+    if cfg.compile and cfg.compile_mode == "aot":
+        return "each agent runs the steps compiled ahead of time for a lone agent"
     if any(a.data is not agents[0].data for a in agents):
         return "the agents must share one MarketData"
     if any(a.graphs for a in agents):
