@@ -28,13 +28,14 @@ def run_epochs(
     learn_steps: int = 24,
     compile_: bool = False,
     triton_target: bool | None = None,
+    compile_mode: str = "default",
 ):
     data = gpu_data()
     cfg = DQNConfig(
         hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=learn_steps, batch_size=512,
         replay_capacity=32_768, capture=capture, compile=compile_, precision=precision,
         distribution=distribution, noisy=True, epsilon=0.0, n_step=3, dense_inputs=False,
-        triton_target=triton_target,
+        triton_target=triton_target, compile_mode=compile_mode,
     )  # fmt: skip
     agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
     agent.ensure_optimizer_state()
@@ -84,6 +85,29 @@ def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
     for k in s_e[0]:
         assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_steps_compiled_ahead_of_time_match_eager_and_reload(precision, tmp_path, monkeypatch):
+    """compile_mode="aot" on the GPU (foxhunt.train.aot): noisy nets, C51's Triton target inside
+    the package, captured in CUDA graphs. One epoch with one learning step within float
+    tolerance of the eager agent (fp32); three epochs of a second agent that loads the packages
+    the first built, bit for bit against the first (both precisions)."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    kw = dict(compile_=True, compile_mode="aot")
+    if precision == "fp32":
+        s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
+        s_a, p_a, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, **kw)
+        for k in s_e[0]:
+            assert s_a[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
+        torch.testing.assert_close(p_a, p_e, rtol=1e-4, atol=1e-6)
+    built = run_epochs("graph", precision, **kw)
+    assert len(list((tmp_path / "foxhunt-aot").glob("*.pt2"))) == 2 + (precision == "fp32") * 2
+    loaded = run_epochs("graph", precision, **kw)
+    assert built[0] == loaded[0]
+    assert torch.equal(built[1], loaded[1]) and torch.equal(built[2], loaded[2])
+    assert built[0][-1]["losses/loss"] > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
