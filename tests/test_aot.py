@@ -127,6 +127,10 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     bound = aot.Bound(h)
     assert len(bound.bases) == 2
     gm = aot.trace(bound, body, (torch.full((8,), 2.0),))
+    # The trace shows library code torch.compile's view; nothing keeps that view after it.
+    from torch._dynamo import decorators
+
+    assert not torch.compiler.is_compiling() and not decorators.is_compiling()
     h.flat.copy_(torch.arange(8.0))
     h.out.zero_()
     path = aot.build(gm, [*bound.bases, torch.ones(8)], tmp_path / "toy.pt2")
@@ -178,3 +182,27 @@ def test_flat_adam_holds_what_torch_s_adam_holds():
     for k in a:
         assert (a[k].dtype, a[k].shape, a[k].device) == (b[k].dtype, b[k].shape, b[k].device), k
         assert not a[k].any(), k
+
+
+def test_the_evaluation_step_compiled_ahead_of_time_walks_as_the_uncompiled_one(cache):
+    """Evaluator(compile="aot") (what `foxhunt train` builds for an agent compiled ahead of
+    time): a trained agent's greedy walk over a range gives the uncompiled step's returns and
+    positions, from a package built once per policy and buffer size; a policy that is not an
+    agent's method runs uncompiled."""
+    from foxhunt.train.evaluate import Evaluator
+
+    agent = train(CFG, epochs=2)
+    env = EnvConfig(episode_bars=64)
+    runs = {}
+    for compile_ in (False, "aot", "aot"):
+        ev = Evaluator(env, agent.data, segments=8, compile=compile_)
+        ev.reserve(200)
+        runs.setdefault(compile_, []).append(ev.run(agent.greedy, 400, 599, graph=True))
+        ev.run(lambda t, p: agent.greedy(t, p), 400, 599, graph=True)  # not compiled
+        assert len(ev._aot) == (compile_ == "aot"), "one package: the agent's method's"
+    assert len(list((cache / "foxhunt-aot").glob("eval-RainbowAgent.greedy-*.pt2"))) == 1
+    (r0, f0), (r1, f1), (r2, f2) = runs[False][0], *runs["aot"]
+    assert torch.equal(r1, r2) and torch.equal(f1, f2)
+    torch.testing.assert_close(r1, r0, rtol=1e-5, atol=1e-9)
+    assert torch.equal(f1, f0)
+    assert f0.abs().sum() > 0, "the policy trades"

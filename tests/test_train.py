@@ -82,6 +82,31 @@ def test_killed_mid_fold_then_resumed_ends_like_an_uninterrupted_run(demo_es, tm
     assert not other.resumed
 
 
+def test_a_task_compiled_ahead_of_time_resumes_and_retries_from_the_cache(demo_es, tmp_path):
+    """`foxhunt train` with the DQN's steps compiled ahead of time (compile_mode="aot"; the
+    evaluation's step too): killed mid-fold and resumed, it ends with the uninterrupted run's
+    results, and the runs after the first build nothing (the packages in the compile cache
+    are loaded as they are)."""
+    dqn = dataclasses.replace(TINY, compile=True, compile_mode="aot")
+    kw = dict(dqn=dqn, compile_cache=tmp_path / "cc", fold_ids=(0,))
+    full = run_train(tiny_cfg(demo_es, tmp_path / "full", **kw), NullLogger())
+    packages = {p: p.stat().st_mtime_ns for p in (tmp_path / "cc").rglob("*.pt2")}
+    assert sorted(p.name.split("-")[1] for p in packages) == ["RainbowAgent.greedy", "collect",
+                                                              "learn"]  # fmt: skip
+
+    def kill(fold, epoch):
+        if (fold, epoch) == (0, 1):
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "killed", **kw)
+    with pytest.raises(Killed):
+        run_train(cfg, NullLogger(), on_epoch_end=kill)
+    resumed = run_train(cfg, NullLogger())
+    assert resumed.resumed
+    assert metrics_of(resumed) == metrics_of(full)
+    assert {p: p.stat().st_mtime_ns for p in (tmp_path / "cc").rglob("*.pt2")} == packages
+
+
 class _SlowToPickle:
     """Pickles after `delay` seconds (as a large state's write takes time)."""
 

@@ -115,12 +115,12 @@ class Bound:
         # The loader's inputs: the bases without autograd's record (they alias the bases).
         self.inputs = [b.detach() for b in self.bases]
 
-    def check(self) -> None:
-        """Refuse to run on tensors the agent no longer holds: a step's package reads the
-        tensors it was given when loaded, so the agent must change its own in place (as CUDA
-        graphs need too), never put new ones in their place."""
+    def check(self, used: set[int]) -> None:
+        """Refuse to run on tensors the agent no longer holds (of the bases `used`): a step's
+        package reads the tensors it was given when loaded, so the agent must change its own
+        in place (as CUDA graphs need too), never put new ones in their place."""
         for s in self.slots:
-            if s.container[s.key] is not s.tensor:
+            if s.base in used and s.container[s.key] is not s.tensor:
                 raise RuntimeError(
                     f"aot: {s.key!r} was replaced by another tensor after the step was loaded; "
                     "a compiled step's tensors must be changed in place"
@@ -176,6 +176,11 @@ def _capturable(optimisers: list[torch.optim.Optimizer]) -> Iterator[None]:
     allows that form on a CPU only there."""
     import unittest.mock
 
+    # Modules that bind `is_compiling` by name when imported must be imported before the patch,
+    # or they would keep the patched function after it (torch._dynamo's, which make_fx imports
+    # at its first trace).
+    import torch._dynamo  # noqa: F401
+
     groups = [g for o in optimisers for g in o.param_groups]
     before = [g["capturable"] for g in groups]
     try:
@@ -204,6 +209,19 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
         return make_fx(fn)(*bound.bases, *args)
 
 
+def drop_unused(gm: torch.fx.GraphModule, n: int) -> list[int]:
+    """Remove the inputs among the first `n` (the bases) that the graph does not read (tensors
+    of the agent's that the step leaves alone); returns the indices of those it keeps."""
+    used = []
+    for i, node in enumerate([nd for nd in gm.graph.nodes if nd.op == "placeholder"][:n]):
+        if node.users:
+            used.append(i)
+        else:
+            gm.graph.erase_node(node)
+    gm.recompile()
+    return used
+
+
 class _Wrap(nn.Module):
     def __init__(self, gm: torch.fx.GraphModule):
         super().__init__()
@@ -213,10 +231,11 @@ class _Wrap(nn.Module):
         return self.gm(*xs)
 
 
-def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path) -> Path:
-    """Export the traced step and compile it with AOTInductor into the package `path`
-    (written under a temporary name and renamed: tasks sharing the cache never read half a
-    package)."""
+def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
+          metadata: dict[str, str] | None = None) -> Path:  # fmt: skip
+    """Export the traced step and compile it with AOTInductor into the package `path`, with
+    `metadata` (written under a temporary name and renamed: tasks sharing the cache never read
+    half a package)."""
     ex = tuple(x.detach().clone() for x in example)
     ep = torch.export.export(_Wrap(gm), ex, strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -225,7 +244,9 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path) -> 
     try:
         with warnings.catch_warnings():  # torch's own pytree use, inside its packaging
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
-            torch._inductor.aoti_compile_and_package(ep, package_path=tmp)
+            torch._inductor.aoti_compile_and_package(
+                ep, package_path=tmp, inductor_configs={"aot_inductor.metadata": metadata or {}}
+            )
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -260,6 +281,10 @@ def package_path(name: str, settings: str, bound: Bound, args: tuple) -> Path:
     return cache_dir() / f"{name}-{key}.pt2"
 
 
+INPUTS_KEY = "foxhunt_inputs"
+"""A package's metadata entry: which of the agent's bases it takes (comma-separated indices)."""
+
+
 class Step:
     """An agent's step compiled ahead of time: `step(*args)` runs it on the agent's tensors.
 
@@ -281,13 +306,18 @@ class Step:
                 gm = trace(self.bound, body, args)
             finally:
                 restore(saved)
-            build(gm, [*self.bound.bases, *args], self.path)
+            used = drop_unused(gm, len(self.bound.bases))
+            example = [*(self.bound.bases[i] for i in used), *args]
+            build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))})
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
         self.loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1,
                                                             index)  # fmt: skip
+        used = self.loader.get_metadata()[INPUTS_KEY]
+        self.used = {int(i) for i in used.split(",")} if used else set()
+        self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        self.bound.check()
-        return self.loader.run([*self.bound.inputs, *args])
+        self.bound.check(self.used)
+        return self.loader.run([*self.inputs, *args])

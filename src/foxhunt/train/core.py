@@ -969,6 +969,8 @@ def _task(
         agent.capture()
     segments = cfg.eval_segments or default_segments(device)
     compile_eval = cfg.resolved_compile_eval() and bool(getattr(agent.cfg, "compile", False))
+    if compile_eval and getattr(agent.cfg, "compile_mode", None) == "aot":
+        compile_eval = "aot"  # as the agent's own steps
     evaluator = Evaluator(
         cfg.env, data, segments, capture=agent.cfg.capture == "graph", compile=compile_eval
     )

@@ -27,13 +27,16 @@ On a GPU one evaluation step (policy, env step, and writing its row of returns a
 step counter) can be captured as a CUDA graph and replayed once per step of the pieces. With
 `compile`, that step is also torch.compile'd for policies run with `graph=True` (the caller's
 word that the policy is graph-safe): the policy's forward, the env step and the writes fused
-into a few kernels.
+into a few kernels. With `compile="aot"` it is compiled ahead of time instead, for a policy
+that is a method of an agent (foxhunt.train.aot: a package per policy and buffer size in the
+compile cache, loaded by later tasks without tracing).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Literal
 
 import torch
 
@@ -66,10 +69,12 @@ def default_segments(device: torch.device) -> int:
 class Evaluator:
     def __init__(
         self, env_cfg: EnvConfig, data, segments: int, capture: bool = False,
-        compile: bool = False,
+        compile: bool | Literal["aot"] = False,
     ):  # fmt: skip
         self.data, self.segments, self.capture = data, segments, capture
-        self._compiled_step = compiled(self._step) if compile else None
+        self._compiled_step = compiled(self._step) if compile is True else None
+        self.aot = compile == "aot"
+        self._aot: dict[int, Callable[[Policy], None]] = {}  # by policy, for these buffers
         self.env = TradingEnv(env_cfg, segments, data.close, data.high, data.low, data.ret1)
         dev = data.device
         self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
@@ -115,6 +120,7 @@ class Evaluator:
             self.trades = torch.zeros(L, K, device=dev)
             self.state = torch.zeros(L + 1, 3, K, device=dev)
             self.graphs.clear()  # captured against the old buffers
+            self._aot.clear()  # compiled for them
 
     def run(
         self,
@@ -148,6 +154,8 @@ class Evaluator:
         env.episode_bars.fill_(L + 1)  # pieces end by their length, never by the clock
         key = id(policy)
         step = self._compiled_step if graph and self._compiled_step is not None else self._step
+        if graph and self.aot:
+            step = self._aot_step(policy)
         graph = graph and self.capture
         if graph and key not in self.graphs:
             self._begin(policy, None)
@@ -188,6 +196,25 @@ class Evaluator:
         pos0 = self.state[0, 0]
         self.last_positions = (pos0 + self.trades[:L].cumsum(0)).T.reshape(-1)[:n]
         return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
+
+    def _aot_step(self, policy: Policy) -> Callable[[Policy], None]:
+        """`_step` for `policy` compiled ahead of time, where the policy is a method of an
+        agent whose tensors it reads (those and the evaluator's are the package's inputs);
+        `_step` itself for any other policy (a closure's tensors would be fixed in it)."""
+        owner = getattr(policy, "__self__", None)
+        if owner is None or not type(owner).__module__.startswith("foxhunt."):
+            return self._step
+        if id(policy) not in self._aot:
+            from foxhunt.train import aot
+
+            read = getattr(policy, "portfolio_read", PORTFOLIO)
+            settings = repr((getattr(owner, "cfg", None), self.env.cfg, self.segments, read))
+            name = f"eval-{type(owner).__name__}.{policy.__name__}"
+            # The trace runs a step: `run` starts every range from `_begin` after it.
+            one = aot.Step([self, owner], name, lambda: self._step(policy), (), settings,
+                           lambda: None, lambda _: None)  # fmt: skip
+            self._aot[id(policy)] = lambda _policy: one()
+        return self._aot[id(policy)]
 
     def _carried(self, live: int, L: int) -> torch.Tensor:
         """[3, K] each piece's start for the next pass: piece 0's own; piece k's the end of

@@ -21,8 +21,9 @@ float rounding, and the choice too except where two actions' expected values are
 (tests/test_train_gpu.py). The kernel has no atomics, so a run is as deterministic as the torch
 form, and eager and captured runs stay bit-identical (both launch this kernel; tested).
 Registered as a `torch.library.triton_op` (at its first use, `register`), so torch.compile
-traces through it, AOTInductor compiles it into a package and CUDA graphs capture it. Under vmap (the stacked agents of dqn_stacked) the K agents' samples run as one
-batch of K * B programs. The kernel alone: `bench/bench_c51_kernel.py`.
+traces through it, AOTInductor compiles it into a package and CUDA graphs capture it. Under
+vmap (the stacked agents of dqn_stacked) the K agents' samples run as one batch of K * B
+programs. The kernel alone: `bench/bench_c51_kernel.py`.
 
 `available()` says whether it can run: Triton installed (it ships with torch's CUDA builds)
 and a CUDA device.
