@@ -5,6 +5,8 @@ compile cache.
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
                                 [--compile-eval {on,off,both}]
+                                [--aot]                          the DQN's steps compiled
+                                                                 ahead of time (AOTInductor)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -88,7 +90,11 @@ def main() -> None:
         "--compile-eval", default="on", choices=("on", "off", "both"),
         help="TrainConfig.compile_eval (both: cold and warm on, then warm off)",
     )  # fmt: skip
+    ap.add_argument("--aot", action="store_true",
+                    help="the DQN with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
     args = ap.parse_args()
+    if args.aot and args.model != "dqn":
+        raise SystemExit("--aot: only the DQN's steps compile ahead of time")
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = results_path("bench_plan.json")
     smoke = args.cpu_smoke
@@ -112,6 +118,8 @@ def main() -> None:
                "compile_eval": args.compile_eval != "off"}  # fmt: skip
         if args.model == "dqn":  # the standard workload's exploration, not the GPU defaults
             cfg["dqn"] = dict(STANDARD_DQN)
+        if args.aot:
+            cfg["dqn"] |= {"compile": True, "compile_mode": "aot"}
         if smoke:
             small = ({"envs": 64, "batch_size": 64, "learn_steps": 8, "collect_steps": 8,
                       "replay_capacity": 4096} if args.model == "dqn" else
@@ -132,7 +140,8 @@ def main() -> None:
             if "error" in r:
                 print(f"{phase}: FAILED {r['error']}", flush=True)
             else:
-                print(f"{args.model} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
+                how = ", steps compiled ahead of time" if args.aot else ""
+                print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
                       f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "
                       f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
