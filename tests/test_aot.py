@@ -140,9 +140,9 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]
 
 
-def test_the_package_key_changes_with_the_settings_and_the_layout():
+def test_the_package_key_changes_with_the_settings_the_layout_and_the_cpu(monkeypatch):
     """Another learning rate or another size is another package (the Python values a step
-    reads are fixed in it)."""
+    reads are fixed in it), and so is another CPU model (inductor builds for the host's)."""
     h = types.SimpleNamespace()
     h.w = torch.zeros(4)
     u = torch.zeros(3)
@@ -151,9 +151,11 @@ def test_the_package_key_changes_with_the_settings_and_the_layout():
         aot.package_path("s", "lr=1e-4", aot.Bound(h), (u,)),
         aot.package_path("s", "lr=1e-3", aot.Bound(h), (torch.zeros(5),)),
     }
+    monkeypatch.setattr(aot, "host_cpu", lambda: "another CPU")
+    keys.add(aot.package_path("s", "lr=1e-3", aot.Bound(h), (u,)))
     h.w = torch.zeros(6)
     keys.add(aot.package_path("s", "lr=1e-3", aot.Bound(h), (u,)))
-    assert len(keys) == 4
+    assert len(keys) == 5
 
 
 def test_iqn_is_refused_ahead_of_time():

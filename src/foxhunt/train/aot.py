@@ -8,15 +8,17 @@ of aten operators), compiled by AOTInductor into a package in the compile cache,
 by torch's C++ loader (`torch._C._aoti`) in every task after: in the task that built it as
 well, so that a first run and a retry run the same code and get the same numbers.
 
-A step becomes a function of tensors alone: every tensor reachable from the agent (its
+A step becomes a function of tensors alone: the tensors reachable from the agent (its
 networks' parameters and buffers, the optimiser's state, the replay, envs, data and
-statistics, lists and dicts of them) is an input. Tensors that share memory are passed once,
-as a tensor spanning that memory (their base), and inside the trace each of them is rebound
-to its view of the base, so that a write through one is read through the others (an agent's
-parameters are views of its flat buffer). The step changes its inputs in place, as eager code
-does: captured CUDA graphs, checkpoints and resume files see the same tensors. Python values
-the step reads (settings, the optimiser's learning rate) are fixed in the package and are part
-of its key; a value that changes during training must be a tensor of the agent's.
+statistics, lists and dicts of them) that the step reads are its inputs. Tensors that share
+memory are passed once, as a tensor spanning that memory (their base), and inside the trace
+each of them is rebound to its view of the base, so that a write through one is read through
+the others (an agent's parameters are views of its flat buffer). The step changes its inputs
+in place, as eager code does: captured CUDA graphs, checkpoints and resume files see the same
+tensors. Python values the step reads (settings, the optimiser's learning rate) are fixed in
+the package and are part of its key; a value that changes during training must be a tensor of
+the agent's. So is the machine: inductor builds for the CPU it runs on (-march=native), so a
+package is kept per CPU model as well as per GPU.
 """
 
 from __future__ import annotations
@@ -263,10 +265,26 @@ def cache_dir() -> Path:
 
 
 def device_name(device: torch.device) -> str:
+    """The device and the host's CPU a package is built for (part of its key)."""
+    gpu = ""
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        return f"cuda:{p.name}:{p.major}.{p.minor}"
-    return device.type
+        gpu = f"cuda:{p.name}:{p.major}.{p.minor} "
+    return f"{gpu}{host_cpu()}:{torch.backends.cpu.get_cpu_capability()}"
+
+
+def host_cpu() -> str:
+    """The CPU's model name (/proc/cpuinfo), else its architecture."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()
 
 
 def package_path(name: str, settings: str, bound: Bound, args: tuple) -> Path:
