@@ -80,6 +80,26 @@ def test_a_step_compiled_ahead_of_time_trains_as_the_eager_agent_does(cache):
     assert int(built.opt.state[built.flat]["step"]) == 3 * CFG.learn_steps
 
 
+@pytest.mark.parametrize(
+    "kw",
+    [dict(noisy=True, epsilon=0.0, n_step=3), dict(noisy=True, epsilon=0.0, noise_per_env=True),
+     dict(distribution="mean", cql_alpha=0.5, double_q=False)],
+    ids=["noisy-nstep3", "noisy-per-env", "mean-cql"],
+)  # fmt: skip
+def test_other_forms_of_the_agent_train_ahead_of_time_as_eagerly(cache, kw):
+    """Noisy nets (each step's noise copied into the buffer the layers' noise is a view of,
+    inside the step), per-env noise drawn outside it, n-step returns, the `mean` head with
+    CQL: two epochs against the uncompiled agent, to float rounding."""
+    cfg = dataclasses.replace(CFG, **kw)
+    built, eager = train(cfg, epochs=2), train(dataclasses.replace(cfg, compile=False), epochs=2)
+    assert built.learn_aot is not None
+    s_built, s_eager = built.read_stats(), eager.read_stats()
+    for k in ("losses/loss", "losses/grad_norm", "losses/q_taken", "losses/cql"):
+        assert s_built[k] == pytest.approx(s_eager[k], rel=1e-4, abs=1e-6), k
+    torch.testing.assert_close(built.flat, eager.flat, rtol=1e-3, atol=1e-4)
+    assert torch.equal(built.replay.ibuf, eager.replay.ibuf)
+
+
 def test_a_fresh_process_runs_the_steps_without_importing_the_compiler(cache):
     """What the warm start saves: another process loads the packages and trains an epoch with
     neither Dynamo nor inductor imported (on the H200's hosts their imports alone took 9-15 s),

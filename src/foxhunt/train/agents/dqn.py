@@ -1064,10 +1064,13 @@ class RainbowAgent(AgentState):
         """The learning and collection steps from the compile cache, traced and built first
         where they are not there (foxhunt.train.aot; the state is restored after the trace)."""
         settings = repr((self.cfg, self.env.cfg))
+        noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
+        if noise == "rows":  # the per-env noise buffers, drawn into before each step
+            for m in self.net.noisy_layers():
+                m.row_noise(self.cfg.envs)
         u = torch.zeros(self.cfg.batch_size, device=self.device)
         self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, (u,), settings,
                                   self.snapshot, self.restore)  # fmt: skip
-        noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
                            self.snapshot, self.restore)  # fmt: skip
