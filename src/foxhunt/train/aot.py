@@ -330,7 +330,10 @@ class Step:
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", False, 1,
+        # Single-threaded: the loader's default runs through a container whose threading a
+        # CUDA graph capture refuses ("operation not permitted when stream is capturing",
+        # pytorch PR 148601, which added this form for CUDA graphs).
+        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1,
                                                             index)  # fmt: skip
         used = self.loader.get_metadata()[INPUTS_KEY]
         self.used = {int(i) for i in used.split(",")} if used else set()
