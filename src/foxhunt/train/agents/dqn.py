@@ -1070,11 +1070,18 @@ class RainbowAgent(AgentState):
                 m.row_noise(self.cfg.envs)
         u = torch.zeros(self.cfg.batch_size, device=self.device)
         self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, (u,), settings,
-                                  self.snapshot, self.restore)  # fmt: skip
+                                  self._before_trace, self.restore)  # fmt: skip
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
-                           self.snapshot, self.restore)  # fmt: skip
+                           self._before_trace, self.restore)  # fmt: skip
         self.collect_fn = lambda u, _noise: collect(u)
+
+    def _before_trace(self) -> dict[str, torch.Tensor]:
+        """Before a step is traced to be built ahead of time: C51's Triton op registered (not
+        inside the trace), and the state to restore after it."""
+        if self.cfg.triton_target:
+            c51_triton.register()
+        return self.snapshot()
 
     def _step_update(self, idx, per, loss, q_taken, cql, clipped) -> None:
         """The update (`_update`), then the sampled slots' new priorities and the step's
