@@ -123,6 +123,19 @@ print(a.read_stats()["losses/loss"])
     assert float(loss) > 0
 
 
+def test_a_broken_package_is_built_again(cache, caplog):
+    """A package in the cache that cannot be loaded (here cut short) is rebuilt, with a
+    warning naming it, and the agent trains as with the package it replaces."""
+    first = train(CFG, epochs=1)
+    path = first.learn_aot.path
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    again = train(CFG, epochs=1)
+    assert again.learn_aot.built
+    assert f"aot: {path.name} could not be loaded" in caplog.text
+    assert torch.equal(first.flat, again.flat)
+
+
 def test_a_replaced_tensor_is_refused_by_name(cache):
     agent = train(CFG, epochs=1)
     agent.z = agent.z.clone()  # a package reads the tensors it was loaded with

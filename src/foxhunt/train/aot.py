@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import os
 import tempfile
 import warnings
@@ -37,6 +38,8 @@ import torch
 from torch import nn
 
 from foxhunt.provenance import source_digest
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -315,9 +318,9 @@ class Step:
     def __init__(self, root: object, name: str, body: Callable, args: tuple, settings: str,
                  prepare: Callable[[], Any], restore: Callable[[Any], None]):  # fmt: skip
         self.bound = Bound(root)
-        dev = self.bound.bases[0].device
         self.path = package_path(name, settings, self.bound, args)
-        self.built = not self.path.exists()
+        self.loader = self._load_kept()
+        self.built = self.loader is None
         if self.built:
             saved = prepare()
             try:
@@ -327,17 +330,35 @@ class Step:
             used = drop_unused(gm, len(self.bound.bases))
             example = [*(self.bound.bases[i] for i in used), *args]
             build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))})
+            self.loader = self._load()
+        used = self.loader.get_metadata()[INPUTS_KEY]
+        self.used = {int(i) for i in used.split(",")} if used else set()
+        self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
+
+    def _load_kept(self):
+        """The package in the cache, None where there is none or it cannot be read (a broken
+        file: it is built again)."""
+        if not self.path.exists():
+            return None
+        try:
+            return self._load()
+        except Exception as e:
+            log.warning("aot: %s could not be loaded (%s: %s); building it again",
+                        self.path.name, type(e).__name__, e)  # fmt: skip
+            return None
+
+    def _load(self):
+        dev = self.bound.bases[0].device
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
         # Single-threaded: the loader's default runs through a container whose threading a
         # CUDA graph capture refuses ("operation not permitted when stream is capturing",
         # pytorch PR 148601, which added this form for CUDA graphs).
-        self.loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1,
-                                                            index)  # fmt: skip
-        used = self.loader.get_metadata()[INPUTS_KEY]
-        self.used = {int(i) for i in used.split(",")} if used else set()
-        self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1, index)
+        if INPUTS_KEY not in loader.get_metadata():
+            raise ValueError(f"the package has no {INPUTS_KEY} entry")
+        return loader
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
         self.bound.check(self.used)
