@@ -206,10 +206,11 @@ class DQNConfig:
     task on a cold compile cache."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "aot"] = "default"
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start).
-    "aot": the collection step and the whole learning step (sample, loss, gradient, update)
-    compiled ahead of time by AOTInductor into the compile cache and loaded from there, by the
-    task that built them and by every later one, which then traces and compiles nothing
-    (foxhunt.train.aot). Experimental: its numbers equal the other modes' to float rounding."""
+    "aot": the collection step, the learning step after its replay sample (loss, gradient,
+    update) and the evaluation's step compiled ahead of time by AOTInductor into the compile
+    cache and loaded from there, by the task that built them and by every later one, which
+    then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers equal the
+    other modes' to float rounding."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
@@ -1036,12 +1037,12 @@ class RainbowAgent(AgentState):
         if cfg.noisy:  # this step's row of the block's samples; the row after it next
             next_noise_row_(self.noise_now, self.learn_noise, self.learn_i, cfg.learn_steps)
         u = torch.rand(cfg.batch_size, device=self.device, generator=self.gen)
+        idx, w = self.replay.sample(u)
         if self.aot:
             if self.learn_aot is None:
                 self._aot_steps()
-            self.learn_aot(u)
+            self.learn_aot(idx, w)
             return
-        idx, w = self.replay.sample(u)
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         for p in self.params:  # backward hands over fresh gradient buffers
             p.grad = None
@@ -1049,11 +1050,12 @@ class RainbowAgent(AgentState):
         self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
         self.update_fn(idx, per, loss.detach(), q_taken, cql, clipped)
 
-    def _learn_body(self, u: torch.Tensor) -> None:
-        """A learning step after its uniforms, as `compile_mode="aot"` traces it: there the
-        parameters are views of the flat buffer to autograd as well (foxhunt.train.aot), so
-        the gradient is taken for the flat buffer itself."""
-        idx, w = self.replay.sample(u)
+    def _learn_body(self, idx: torch.Tensor, w: torch.Tensor) -> None:
+        """A learning step after its replay sample, as `compile_mode="aot"` traces it (the
+        sample stays outside, as with torch.compile: its scan over the priorities is CUB's,
+        faster than inductor's). There the parameters are views of the flat buffer to
+        autograd as well (foxhunt.train.aot), so the gradient is taken for the flat buffer
+        itself."""
         with torch.enable_grad():  # it may be built inside the collection's no_grad
             loss, per, q_taken, cql, clipped = self._loss(idx, w)
             (self.flat.grad,) = torch.autograd.grad(loss, [self.flat])
@@ -1068,8 +1070,10 @@ class RainbowAgent(AgentState):
         if noise == "rows":  # the per-env noise buffers, drawn into before each step
             for m in self.net.noisy_layers():
                 m.row_noise(self.cfg.envs)
-        u = torch.zeros(self.cfg.batch_size, device=self.device)
-        self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, (u,), settings,
+        B = self.cfg.batch_size
+        sample = (torch.zeros(B, dtype=torch.long, device=self.device),
+                  torch.ones(B, device=self.device))  # fmt: skip
+        self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, sample, settings,
                                   self._before_trace, self.restore)  # fmt: skip
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
