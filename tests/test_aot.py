@@ -173,6 +173,17 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]
 
 
+def test_a_tensor_the_agent_does_not_hold_where_it_is_looked_for_is_refused():
+    """A step reading a tensor held in a tuple would keep its value of the trace: refused."""
+    h = types.SimpleNamespace(w=torch.zeros(4), pair=(torch.ones(4), torch.ones(4)))
+
+    def body(x):
+        h.w.add_(x * h.pair[0])
+
+    with pytest.raises(ValueError, match=r"reads 1 tensor\(s\) of shapes \[\(4,\)\]"):
+        aot.trace(aot.Bound(h), body, (torch.ones(4),))
+
+
 def test_the_package_key_changes_with_the_settings_the_layout_and_the_cpu(monkeypatch):
     """Another learning rate or another size is another package (the Python values a step
     reads are fixed in it), and so is another CPU model (inductor builds for the host's)."""

@@ -211,7 +211,19 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
         return tuple(out) if isinstance(out, (tuple, list)) else (() if out is None else (out,))
 
     with _capturable(bound.optimisers):
-        return make_fx(fn)(*bound.bases, *args)
+        gm = make_fx(fn)(*bound.bases, *args)
+    # A tensor the step read that is not among its inputs would be fixed in the package with
+    # the values it had at the trace (held where tensor_slots does not look: a tuple, a
+    # closure, a global).
+    fixed = [n.target for n in gm.graph.nodes if n.op == "get_attr"]
+    if fixed:
+        shapes = [tuple(getattr(gm, t).shape) for t in fixed]
+        raise ValueError(
+            f"aot: the step reads {len(fixed)} tensor(s) of shapes {shapes} that are not "
+            "reachable from the agent's attributes, lists and dicts (a tuple, a closure or a "
+            "global holds them); a compiled step would keep their values of the trace"
+        )
+    return gm
 
 
 def drop_unused(gm: torch.fx.GraphModule, n: int) -> list[int]:
