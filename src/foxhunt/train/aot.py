@@ -119,6 +119,9 @@ class Bound:
                 )  # fmt: skip
         # The loader's inputs: the bases without autograd's record (they alias the bases).
         self.inputs = [b.detach() for b in self.bases]
+        # The device the step runs on: the GPU where any tensor is on one.
+        self.device = next((b.device for b in self.bases if b.device.type == "cuda"),
+                           self.bases[0].device if self.bases else torch.device("cpu"))  # fmt: skip
 
     def check(self, used: set[int]) -> None:
         """Refuse to run on tensors the agent no longer holds (of the bases `used`): a step's
@@ -306,7 +309,7 @@ def package_path(name: str, settings: str, bound: Bound, args: tuple) -> Path:
     """The package of step `name` in the cache: keyed by the Python values it reads
     (`settings`), torch's version, the device, foxhunt's source and the layout of its
     tensors."""
-    dev = bound.bases[0].device
+    dev = bound.device
     sig = ";".join(f"{a.dtype},{tuple(a.shape)},{a.stride()}" for a in args)
     parts = (name, settings, torch.__version__, device_name(dev), source_digest(),
              bound.geometry(), sig)  # fmt: skip
@@ -360,7 +363,7 @@ class Step:
             return None
 
     def _load(self):
-        dev = self.bound.bases[0].device
+        dev = self.bound.device
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
