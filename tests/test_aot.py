@@ -64,7 +64,7 @@ def test_a_step_compiled_ahead_of_time_trains_as_the_eager_agent_does(cache):
         "collect", "learn"]  # fmt: skip
     loaded = train(CFG)
     assert not loaded.learn_aot.built, "the second loads what the first built"
-    eager = train(dataclasses.replace(CFG, compile=False))
+    eager = train(dataclasses.replace(CFG, compile=False, compile_mode="default"))
     assert eager.learn_aot is None
     s_built, s_loaded, s_eager = (a.read_stats() for a in (built, loaded, eager))
     assert s_built == s_loaded
@@ -91,7 +91,10 @@ def test_other_forms_of_the_agent_train_ahead_of_time_as_eagerly(cache, kw):
     inside the step), per-env noise drawn outside it, n-step returns, the `mean` head with
     CQL: two epochs against the uncompiled agent, to float rounding."""
     cfg = dataclasses.replace(CFG, **kw)
-    built, eager = train(cfg, epochs=2), train(dataclasses.replace(cfg, compile=False), epochs=2)
+    built, eager = (
+        train(cfg, epochs=2),
+        train(dataclasses.replace(cfg, compile=False, compile_mode="default"), epochs=2),
+    )
     assert built.learn_aot is not None
     s_built, s_eager = built.read_stats(), eager.read_stats()
     for k in ("losses/loss", "losses/grad_norm", "losses/q_taken", "losses/cql"):
@@ -202,9 +205,19 @@ def test_the_package_key_changes_with_the_settings_the_layout_and_the_cpu(monkey
     assert len(keys) == 5
 
 
-def test_iqn_is_refused_ahead_of_time():
+def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused():
+    """compile_mode="aot" turns compile on (on a CPU too, where it is off by default); with
+    compile=False, or for IQN, it is refused."""
+    cpu = torch.device("cpu")
+    assert dataclasses.replace(CFG, compile=None).resolved(cpu).compile is True
+    assert (
+        dataclasses.replace(CFG, compile=None, compile_mode="default").resolved(cpu).compile
+        is False
+    )
+    with pytest.raises(ValueError, match="with compile = False: nothing would be compiled"):
+        dataclasses.replace(CFG, compile=False).resolved(cpu)
     with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
-        dataclasses.replace(CFG, distribution="iqn").resolved(torch.device("cpu"))
+        dataclasses.replace(CFG, distribution="iqn").resolved(cpu)
 
 
 def test_flat_adam_holds_what_torch_s_adam_holds():

@@ -206,11 +206,11 @@ class DQNConfig:
     task on a cold compile cache."""
     compile_mode: Literal["default", "max-autotune-no-cudagraphs", "aot"] = "default"
     """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start).
-    "aot": the collection step, the learning step after its replay sample (loss, gradient,
-    update) and the evaluation's step compiled ahead of time by AOTInductor into the compile
-    cache and loaded from there, by the task that built them and by every later one, which
-    then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers equal the
-    other modes' to float rounding."""
+    "aot" (which turns `compile` on, on a CPU as well): the collection step, the learning step
+    after its replay sample (loss, gradient, update) and the evaluation's step compiled ahead
+    of time by AOTInductor into the compile cache and loaded from there, by the task that
+    built them and by every later one, which then traces and compiles nothing
+    (foxhunt.train.aot). Experimental: its numbers equal the other modes' to float rounding."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
@@ -220,11 +220,19 @@ class DQNConfig:
     """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
     def resolved(self, device: torch.device) -> DQNConfig:
-        cfg = resolve(self, device, DEFAULTS_BY_DEVICE)
+        aot = self.compile_mode == "aot"
+        if aot and self.compile is False:
+            raise ValueError(
+                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
+                "time (leave compile unset, or set it on)"
+            )
+        # Compiling ahead of time is asked for by its mode alone, on a CPU as well.
+        cfg = resolve(dataclasses.replace(self, compile=True) if aot else self, device,
+                      DEFAULTS_BY_DEVICE)  # fmt: skip
         if cfg.epsilon is None:
             cfg = dataclasses.replace(cfg, epsilon=0.0 if cfg.noisy else 0.1)
         fused = device.type == "cuda" and self.distribution == "c51" and c51_triton.available()
-        if self.compile and self.compile_mode == "aot" and self.distribution == "iqn":
+        if aot and self.distribution == "iqn":
             raise ValueError(
                 "compile_mode = 'aot': IQN draws its quantile fractions inside the learning "
                 "step, which a step compiled ahead of time cannot; use 'default' for IQN"
