@@ -93,8 +93,13 @@ ui: setup ## Serve the MLflow UI of ./mlflow.db on http://127.0.0.1:5000
 
 # A pytest worker per core, at most four (each holds a copy of the demo models' working set).
 TEST_WORKERS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# The run's temporary files go to a folder of its own, removed after: pytest's, and torch
+# inductor's precompiled C++ headers (~150 MB each, new ones for each venv path, as each
+# fresh clone's is; inductor keeps them in the temporary folder for good).
 test: setup ## Run the test suite (no GPU needed), TEST_WORKERS processes side by side
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15
+	@tmp=$$(mktemp -d -t foxhunt-test.XXXXXX); \
+	TMPDIR=$$tmp $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15; \
+	rc=$$?; rm -rf $$tmp; exit $$rc
 
 lint: setup ## Check format and lint with ruff
 	$(BIN)/ruff format --check src tests bench components pipelines images infra
