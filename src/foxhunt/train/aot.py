@@ -24,6 +24,7 @@ package is kept per CPU model as well as per GPU.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import logging
 import os
@@ -123,12 +124,14 @@ class Bound:
         self.device = next((b.device for b in self.bases if b.device.type == "cuda"),
                            self.bases[0].device if self.bases else torch.device("cpu"))  # fmt: skip
 
-    def check(self, used: set[int]) -> None:
-        """Refuse to run on tensors the agent no longer holds (of the bases `used`): a step's
-        package reads the tensors it was given when loaded, so the agent must change its own
-        in place (as CUDA graphs need too), never put new ones in their place."""
-        for s in self.slots:
-            if s.base in used and s.container[s.key] is not s.tensor:
+    @staticmethod
+    def check(slots: list[Slot]) -> None:
+        """Refuse to run on tensors the agent no longer holds (`slots`: those of the bases a
+        step reads): a step's package reads the tensors it was given when loaded, so the agent
+        must change its own in place (as CUDA graphs need too), never put new ones in their
+        place."""
+        for s in slots:
+            if s.container[s.key] is not s.tensor:
                 raise RuntimeError(
                     f"aot: {s.key!r} was replaced by another tensor after the step was loaded; "
                     "a compiled step's tensors must be changed in place"
@@ -291,6 +294,7 @@ def device_name(device: torch.device) -> str:
     return f"{gpu}{host_cpu()}:{torch.backends.cpu.get_cpu_capability()}"
 
 
+@functools.cache
 def host_cpu() -> str:
     """The CPU's model name (/proc/cpuinfo), else its architecture."""
     try:
@@ -349,6 +353,7 @@ class Step:
         used = self.loader.get_metadata()[INPUTS_KEY]
         self.used = {int(i) for i in used.split(",")} if used else set()
         self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
+        self.watched = [s for s in self.bound.slots if s.base in self.used]  # what `check` reads
 
     def _load_kept(self):
         """The package in the cache, None where there is none or it cannot be read (a broken
@@ -376,5 +381,5 @@ class Step:
         return loader
 
     def __call__(self, *args: torch.Tensor) -> list[torch.Tensor]:
-        self.bound.check(self.used)
+        Bound.check(self.watched)
         return self.loader.run([*self.inputs, *args])

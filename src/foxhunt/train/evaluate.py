@@ -40,6 +40,7 @@ from typing import Literal
 
 import torch
 
+from foxhunt.train import aot
 from foxhunt.train.agents.common import capture_graphs, compiled
 from foxhunt.train.env import BRANCHES, PORTFOLIO, EnvConfig, TradingEnv
 
@@ -205,8 +206,6 @@ class Evaluator:
         if owner is None or not type(owner).__module__.startswith("foxhunt."):
             return self._step
         if id(policy) not in self._aot:
-            from foxhunt.train import aot
-
             read = getattr(policy, "portfolio_read", PORTFOLIO)
             settings = repr((getattr(owner, "cfg", None), self.env.cfg, self.segments, read))
             name = f"eval-{type(owner).__name__}.{policy.__name__}"
