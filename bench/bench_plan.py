@@ -5,8 +5,9 @@ compile cache.
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
                                 [--compile-eval {on,off,both}]
-                                [--aot]                          the DQN's steps compiled
-                                                                 ahead of time (AOTInductor)
+                                [--aot]                          the agent's steps compiled
+                                                                 ahead of time (AOTInductor;
+                                                                 dqn, ppo, pqn)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -91,10 +92,10 @@ def main() -> None:
         help="TrainConfig.compile_eval (both: cold and warm on, then warm off)",
     )  # fmt: skip
     ap.add_argument("--aot", action="store_true",
-                    help="the DQN with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
+                    help="the agent with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
     args = ap.parse_args()
-    if args.aot and args.model != "dqn":
-        raise SystemExit("--aot: only the DQN's steps compile ahead of time")
+    if args.aot and args.model not in ("dqn", "ppo", "pqn"):
+        raise SystemExit("--aot: only the RL agents' steps compile ahead of time")
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = results_path("bench_plan.json")
     smoke = args.cpu_smoke
@@ -119,7 +120,7 @@ def main() -> None:
         if args.model == "dqn":  # the standard workload's exploration, not the GPU defaults
             cfg["dqn"] = dict(STANDARD_DQN)
         if args.aot:
-            cfg["dqn"] |= {"compile": True, "compile_mode": "aot"}
+            cfg[args.model] = cfg.get(args.model, {}) | {"compile": True, "compile_mode": "aot"}
         if smoke:
             small = ({"envs": 64, "batch_size": 64, "learn_steps": 8, "collect_steps": 8,
                       "replay_capacity": 4096} if args.model == "dqn" else

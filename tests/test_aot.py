@@ -1,5 +1,5 @@
-"""Steps compiled ahead of time (foxhunt.train.aot, DQNConfig.compile_mode="aot"), on the CPU:
-AOTInductor builds C++ here. Each package takes 10-30 s to build, so the tests share one
+"""Steps compiled ahead of time (foxhunt.train.aot, the agents' compile_mode="aot"), on the
+CPU: AOTInductor builds C++ here. Each package takes 10-30 s to build, so the tests share one
 compile cache and one configuration where they can."""
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import torch
 
 from foxhunt.train import aot
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
+from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
 from foxhunt.train.env import EnvConfig
 from marketdata import random_market
 
@@ -48,6 +50,34 @@ def train(cfg: DQNConfig, epochs: int = 3) -> RainbowAgent:
             agent.begin_epoch(e, epochs)
             agent.collect()
             agent.learn()
+        return agent
+    finally:
+        torch.set_num_threads(threads)
+
+
+ON_POLICY = {
+    "ppo": (PPOAgent, PPOConfig(hidden=(32, 32), envs=16, rollout_steps=8, rounds=2, accumulate=2,
+                                compile_mode="aot")),
+    "pqn": (PQNAgent, PQNConfig(hidden=(32, 32), envs=16, rollout_steps=8, rounds=2,
+                                compile_mode="aot")),
+}  # fmt: skip
+
+
+def train_on_policy(name: str, compile_mode: str = "aot", epochs: int = 2):
+    """PPO or PQN trained `epochs` epochs of one fold, single-threaded."""
+    cls, cfg = ON_POLICY[name]
+    if compile_mode != "aot":
+        cfg = dataclasses.replace(cfg, compile=False, compile_mode=compile_mode)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        agent = cls(cfg, EnvConfig(episode_bars=64), random_market(), seed=0)
+        agent.reset_fold(0, 400, seed=1)
+        for e in range(epochs):
+            agent.begin_epoch(e, epochs)
+            for _ in range(agent.rounds):
+                agent.collect()
+                agent.learn()
         return agent
     finally:
         torch.set_num_threads(threads)
@@ -101,6 +131,58 @@ def test_other_forms_of_the_agent_train_ahead_of_time_as_eagerly(cache, kw):
         assert s_built[k] == pytest.approx(s_eager[k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(built.flat, eager.flat, rtol=1e-3, atol=1e-4)
     assert torch.equal(built.replay.ibuf, eager.replay.ibuf)
+
+
+@pytest.mark.parametrize("name", ["ppo", "pqn"])
+def test_on_policy_minibatches_compiled_ahead_of_time_learn_as_eagerly(cache, name):
+    """PPO (two micro-batches a minibatch, their gradients summed inside the step) and PQN,
+    two epochs of 2 rounds: the agent that built its minibatch
+    step and one that loaded it agree bit for bit, and both agree with the uncompiled agent
+    to float rounding (the rollouts are not compiled: the same actions are taken). PPO's
+    evaluation step, compiled ahead of time as `foxhunt train` does for such an agent, walks
+    as the uncompiled one."""
+    from foxhunt.train.evaluate import Evaluator
+
+    built = train_on_policy(name)
+    assert built.minibatch_aot.built
+    loaded = train_on_policy(name)
+    assert not loaded.minibatch_aot.built
+    eager = train_on_policy(name, "default")
+    assert eager.minibatch_aot is None
+    s_built, s_loaded, s_eager = (a.read_stats() for a in (built, loaded, eager))
+    assert s_built == s_loaded
+    assert torch.equal(built.flat, loaded.flat)
+    assert s_built.keys() == s_eager.keys()
+    for k, v in s_eager.items():
+        assert s_built[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    assert s_built["losses/grad_norm"] > 0
+    torch.testing.assert_close(built.flat, eager.flat, rtol=1e-4, atol=1e-5)
+    v_built, v_eager = (a.opt.state[a.flat]["exp_avg_sq"] for a in (built, eager))
+    torch.testing.assert_close(v_built, v_eager, rtol=1e-3, atol=1e-9)
+    steps = 2 * 2 * built.cfg.update_epochs * built.cfg.minibatches  # epochs x rounds x ...
+    assert int(built.opt.state[built.flat]["step"]) == steps
+    assert torch.equal(built.roll.act, eager.roll.act), "the same actions in the last rollout"
+    if name == "ppo":
+        env = EnvConfig(episode_bars=64)
+        walks = []
+        for compile_ in (False, "aot"):
+            ev = Evaluator(env, built.data, segments=8, compile=compile_)
+            ev.reserve(200)
+            walks.append(ev.run(built.greedy, 400, 599, graph=True))
+        (r0, f0), (r1, f1) = walks
+        torch.testing.assert_close(r1, r0, rtol=1e-5, atol=1e-9)
+        assert torch.equal(f1, f0)
+
+
+def test_a_step_is_not_compiled_ahead_of_time_for_data_parallel_ranks(monkeypatch):
+    """A package holds no all-reduce of the ranks' gradients (torch.compile's graph keeps
+    `distributed.average_`'s): refused in a process of a data-parallel group."""
+    from foxhunt.train import distributed
+
+    monkeypatch.setattr(distributed, "world", lambda: (0, 2))
+    h = types.SimpleNamespace(w=torch.zeros(4))
+    with pytest.raises(ValueError, match="one of 2 data-parallel processes"):
+        aot.Step(h, "toy", lambda: h.w.add_(1), (), "", lambda: None, lambda _: None)
 
 
 def test_a_fresh_process_runs_the_steps_without_importing_the_compiler(cache):
@@ -205,19 +287,22 @@ def test_the_package_key_changes_with_the_settings_the_layout_and_the_cpu(monkey
     assert len(keys) == 5
 
 
-def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused():
+@pytest.mark.parametrize("cfg", [CFG, ON_POLICY["ppo"][1], ON_POLICY["pqn"][1]],
+                         ids=["dqn", "ppo", "pqn"])  # fmt: skip
+def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused(cfg):
     """compile_mode="aot" turns compile on (on a CPU too, where it is off by default); with
     compile=False, or for IQN, it is refused."""
     cpu = torch.device("cpu")
-    assert dataclasses.replace(CFG, compile=None).resolved(cpu).compile is True
+    assert dataclasses.replace(cfg, compile=None).resolved(cpu).compile is True
     assert (
-        dataclasses.replace(CFG, compile=None, compile_mode="default").resolved(cpu).compile
+        dataclasses.replace(cfg, compile=None, compile_mode="default").resolved(cpu).compile
         is False
     )
     with pytest.raises(ValueError, match="with compile = False: nothing would be compiled"):
-        dataclasses.replace(CFG, compile=False).resolved(cpu)
-    with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
-        dataclasses.replace(CFG, distribution="iqn").resolved(cpu)
+        dataclasses.replace(cfg, compile=False).resolved(cpu)
+    if isinstance(cfg, DQNConfig):
+        with pytest.raises(ValueError, match="IQN draws its quantile fractions"):
+            dataclasses.replace(cfg, distribution="iqn").resolved(cpu)
 
 
 def test_flat_adam_holds_what_torch_s_adam_holds():

@@ -189,7 +189,8 @@ def test_the_triton_c51_target_trains_as_the_torch_form_within_float_tolerance()
     torch.testing.assert_close(p_r, p_t, rtol=1e-4, atol=1e-6)
 
 
-def run_onpolicy(capture: str, model: str, precision: str = "fp32", epochs: int = 3):
+def run_onpolicy(capture: str, model: str, precision: str = "fp32", epochs: int = 3,
+                 compile_mode: str = "default"):  # fmt: skip
     """Three epochs of PPO or PQN (two rounds of rollout and update each) at small sizes:
     statistics per epoch and the final weights."""
     from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
@@ -197,8 +198,10 @@ def run_onpolicy(capture: str, model: str, precision: str = "fp32", epochs: int 
 
     data = gpu_data()
     cls, agent_cls = (PPOConfig, PPOAgent) if model == "ppo" else (PQNConfig, PQNAgent)
+    aot = compile_mode == "aot"  # which turns compile on
     cfg = cls(hidden=(256, 128), envs=1024, rollout_steps=16, rounds=2, capture=capture,
-              precision=precision, compile=False)  # fmt: skip
+              precision=precision, compile=None if aot else False,
+              compile_mode=compile_mode)  # fmt: skip
     agent = agent_cls(cfg, EnvConfig(episode_bars=300), data, seed=7)
     if capture == "graph":
         agent.capture()
@@ -215,6 +218,28 @@ def test_ppo_and_pqn_captured_graphs_give_the_eager_numbers(model, precision):
     s_g, p_g = run_onpolicy("graph", model, precision)
     assert s_e == s_g, (s_e, s_g)
     assert torch.equal(p_e, p_g)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["ppo", "pqn"])
+def test_ppo_and_pqn_minibatches_compiled_ahead_of_time_match_eager_and_reload(
+    model, tmp_path, monkeypatch
+):
+    """compile_mode="aot" on the GPU: the minibatch step's package run inside the captured
+    update. One epoch within float tolerance of the eager agent (fp32; later rollouts would
+    part where rounding flips an action), and three epochs of a second agent that loads the
+    package the first built, bit for bit against the first."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    s_e, p_e = run_onpolicy("eager", model, epochs=1)
+    s_a, p_a = run_onpolicy("graph", model, epochs=1, compile_mode="aot")
+    for k in s_e[0]:
+        assert s_a[0][k] == pytest.approx(s_e[0][k], rel=1e-3, abs=1e-5), k
+    torch.testing.assert_close(p_a, p_e, rtol=1e-3, atol=1e-4)
+    assert len(list((tmp_path / "foxhunt-aot").glob(f"{model}-minibatch-*.pt2"))) == 1
+    built = run_onpolicy("graph", model, compile_mode="aot")
+    loaded = run_onpolicy("graph", model, compile_mode="aot")
+    assert built[0] == loaded[0] and torch.equal(built[1], loaded[1])
+    assert built[0][-1]["losses/grad_norm"] > 0
 
 
 def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: bool = False,

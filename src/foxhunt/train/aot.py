@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from foxhunt.provenance import source_digest
+from foxhunt.train import distributed
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,12 @@ class Step:
 
     def __init__(self, root: object, name: str, body: Callable, args: tuple, settings: str,
                  prepare: Callable[[], Any], restore: Callable[[Any], None]):  # fmt: skip
+        if distributed.world()[1] > 1:
+            raise ValueError(
+                f"aot: {name} runs in one of {distributed.world()[1]} data-parallel processes; "
+                "a step compiled ahead of time holds no all-reduce of the ranks' gradients "
+                "(train data-parallel with compile_mode 'default')"
+            )
         self.bound = Bound(root)
         self.path = package_path(name, settings, self.bound, args)
         self.loader = self._load_kept()

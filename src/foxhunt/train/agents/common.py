@@ -79,10 +79,20 @@ def need(cfg, ok: bool, name: str, rule: str) -> None:
 def resolve(cfg, device: torch.device, sizes: dict[str, tuple[int, int]]):
     """`cfg` with its device-dependent fields filled in: each size left at None takes its
     (GPU, CPU) default from `sizes`, and precision, capture and compile their runtime values.
-    replace() runs __post_init__, so the filled-in sizes are checked too."""
+    A `compile_mode` of "aot" (steps compiled ahead of time, foxhunt.train.aot) turns compile
+    on by itself, on a CPU as well, and is refused with compile = False. replace() runs
+    __post_init__, so the filled-in sizes are checked too."""
     gpu = device.type == "cuda"
     fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(cfg, k) is None}
-    precision, capture, compile_ = resolve_runtime(device, cfg.precision, cfg.capture, cfg.compile)
+    compile_ = cfg.compile
+    if getattr(cfg, "compile_mode", None) == "aot":
+        if compile_ is False:
+            raise ValueError(
+                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
+                "time (leave compile unset, or set it on)"
+            )
+        compile_ = True
+    precision, capture, compile_ = resolve_runtime(device, cfg.precision, cfg.capture, compile_)
     return dataclasses.replace(cfg, precision=precision, capture=capture, compile=compile_, **fill)
 
 
@@ -223,8 +233,8 @@ class FlatAdam:
     capturable form (the step count a tensor on the device), traced into the package. Its
     settings and state equal torch.optim.Adam's (tests/test_aot.py)."""
 
-    def __init__(self, flat: torch.Tensor, *, lr: float, eps: float, weight_decay: float,
-                 decoupled_weight_decay: bool, foreach: bool):  # fmt: skip
+    def __init__(self, flat: torch.Tensor, *, lr: float | torch.Tensor, eps: float,
+                 weight_decay: float, decoupled_weight_decay: bool, foreach: bool):  # fmt: skip
         self.defaults = dict(
             lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=weight_decay, amsgrad=False,
             maximize=False, foreach=foreach, capturable=True, differentiable=False, fused=None,

@@ -220,19 +220,11 @@ class DQNConfig:
     """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
     def resolved(self, device: torch.device) -> DQNConfig:
-        aot = self.compile_mode == "aot"
-        if aot and self.compile is False:
-            raise ValueError(
-                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
-                "time (leave compile unset, or set it on)"
-            )
-        # Compiling ahead of time is asked for by its mode alone, on a CPU as well.
-        cfg = resolve(dataclasses.replace(self, compile=True) if aot else self, device,
-                      DEFAULTS_BY_DEVICE)  # fmt: skip
+        cfg = resolve(self, device, DEFAULTS_BY_DEVICE)
         if cfg.epsilon is None:
             cfg = dataclasses.replace(cfg, epsilon=0.0 if cfg.noisy else 0.1)
         fused = device.type == "cuda" and self.distribution == "c51" and c51_triton.available()
-        if aot and self.distribution == "iqn":
+        if self.compile_mode == "aot" and self.distribution == "iqn":
             raise ValueError(
                 "compile_mode = 'aot': IQN draws its quantile fractions inside the learning "
                 "step, which a step compiled ahead of time cannot; use 'default' for IQN"

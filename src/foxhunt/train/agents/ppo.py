@@ -28,7 +28,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -108,6 +108,12 @@ class PPOConfig:
     """CUDA graphs for the rollout and the update (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+    compile_mode: Literal["default", "aot"] = "default"
+    """"aot" (which turns `compile` on, on a CPU as well): a minibatch's loss, gradient and
+    optimiser step, and the evaluation's step, compiled ahead of time by AOTInductor into the
+    compile cache and loaded from there by the task that built them and by every later one,
+    which then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers
+    equal the default mode's to float rounding."""
 
     device_sized: ClassVar[tuple[str, ...]] = ("envs",)
     """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
@@ -235,8 +241,10 @@ class PPOAgent(OnPolicyAgent):
         self.value = torch.zeros(T, E, device=dev)
         self.next_value = torch.zeros(T, E, device=dev)
         self.u_act = torch.zeros(T, E, N_LOGITS, device=dev)
+        self.adv = torch.zeros(T, E, device=dev)  # the rollout's advantages (GAE)
+        self.ret = torch.zeros(T, E, device=dev)  # and the critic's targets
         self.micro = self.n // (cfg.minibatches * cfg.accumulate)
-        if cfg.compile:
+        if cfg.compile and not self.aot:
             self._micro_loss = compiled(self._micro_loss)
 
     # ------------------------------------------------------------------ rollout
@@ -281,30 +289,33 @@ class PPOAgent(OnPolicyAgent):
             adv = gae(
                 roll.reward, self.value, self.next_value, roll.done, cfg.gamma, cfg.gae_lambda
             )
-            ret = adv + self.value
-        data = [roll.flat(x) for x in (roll.bar, roll.port, roll.act, self.logp)]
-        data += [roll.flat(adv), roll.flat(self.value), roll.flat(ret)]
-        M, A = self.micro, cfg.accumulate
+            self.adv.copy_(adv)
+            torch.add(self.adv, self.value, out=self.ret)
+        rows = self.micro * cfg.accumulate
         for _ in range(cfg.update_epochs):
             perm = torch.rand(self.n, device=self.device, generator=self.gen).argsort()
             for mb in range(cfg.minibatches):
-                for p in self.params:  # backward hands over fresh gradient buffers
-                    p.grad = None
-                # Advantages are normalised over the whole minibatch, so that its micro-batches
-                # add up to the gradient of the minibatch taken at once.
-                a_mb = data[4].index_select(0, perm[mb * A * M : (mb + 1) * A * M])
-                mu, sd = (a_mb.mean(), a_mb.std() + 1e-8) if cfg.norm_adv else (0.0, 1.0)
-                for j in range(A):
-                    idx = perm[(mb * A + j) * M : (mb * A + j + 1) * M]
-                    b = [x.index_select(0, idx) for x in data]
-                    b[4] = (b[4] - mu) / sd
-                    loss, parts = self._micro_loss(*b)
-                    (loss / A).backward()
-                    self.stats[0:5] += parts / A
-                    self.stats[6] += loss.detach() / A
-                self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
-                self.stats[5] += self._step()
+                self._learn_minibatch(perm[mb * rows : (mb + 1) * rows])
         self.stats[14] += self.lr
+
+    def _minibatch(self, idx: torch.Tensor) -> None:
+        cfg, roll = self.cfg, self.roll
+        M, A = self.micro, cfg.accumulate
+        data = [roll.flat(x) for x in (roll.bar, roll.port, roll.act, self.logp, self.adv,
+                                       self.value, self.ret)]  # fmt: skip
+        self._zero_grad()
+        # Advantages are normalised over the whole minibatch, so that its micro-batches add up
+        # to the gradient of the minibatch taken at once.
+        a_mb = data[4].index_select(0, idx)
+        mu, sd = (a_mb.mean(), a_mb.std() + 1e-8) if cfg.norm_adv else (0.0, 1.0)
+        for j in range(A):
+            b = [x.index_select(0, idx[j * M : (j + 1) * M]) for x in data]
+            b[4] = (b[4] - mu) / sd
+            loss, parts = self._micro_loss(*b)
+            self._backward(loss / A)
+            self.stats[0:5] += parts / A
+            self.stats[6] += loss.detach() / A
+        self.stats[5] += self._grad_step()
 
     def read_stats(self) -> dict[str, float]:
         v = self.stats.tolist()

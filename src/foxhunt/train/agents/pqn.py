@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
@@ -89,6 +89,12 @@ class PQNConfig:
     """CUDA graphs for the rollout and the update (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+    compile_mode: Literal["default", "aot"] = "default"
+    """"aot" (which turns `compile` on, on a CPU as well): a minibatch's loss, gradient and
+    optimiser step, and the evaluation's step, compiled ahead of time by AOTInductor into the
+    compile cache and loaded from there by the task that built them and by every later one,
+    which then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers
+    equal the default mode's to float rounding."""
 
     device_sized: ClassVar[tuple[str, ...]] = ("envs",)
     """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
@@ -148,8 +154,10 @@ class PQNAgent(OnPolicyAgent):
         self.u_act = torch.zeros(T, E, 2, device=dev)  # explore?, which random action
         self.joint = joint_table(dev)
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)  # branches -> joint index
+        self.returns = torch.zeros(T, E, device=dev)  # the rollout's Q(lambda) returns
+        self.taken = torch.zeros(T, E, dtype=torch.long, device=dev)  # its joint actions
         self.mb = self.n // cfg.minibatches
-        if cfg.compile:
+        if cfg.compile and not self.aot:
             self._loss = compiled(self._loss)
 
     def _q(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
@@ -194,20 +202,14 @@ class PQNAgent(OnPolicyAgent):
     def _update(self) -> None:
         cfg, roll = self.cfg, self.roll
         with torch.no_grad():
-            target = lambda_returns(roll.reward, self.next_q, roll.done, cfg.gamma, cfg.q_lambda)
-        joint = (roll.act * self.joint_stride).sum(-1)
-        data = [roll.flat(roll.bar), roll.flat(roll.port), roll.flat(joint), roll.flat(target)]
+            self.returns.copy_(
+                lambda_returns(roll.reward, self.next_q, roll.done, cfg.gamma, cfg.q_lambda)
+            )
+            self.taken.copy_((roll.act * self.joint_stride).sum(-1))
         for _ in range(cfg.update_epochs):
             perm = torch.rand(self.n, device=self.device, generator=self.gen).argsort()
             for mb in range(cfg.minibatches):
-                idx = perm[mb * self.mb : (mb + 1) * self.mb]
-                for p in self.params:
-                    p.grad = None
-                loss = self._loss(*(x.index_select(0, idx) for x in data))
-                loss.backward()
-                self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
-                gn = self._step()
-                self.stats[0:2] += torch.stack([loss.detach(), gn])
+                self._learn_minibatch(perm[mb * self.mb : (mb + 1) * self.mb])
         self.stats[9] += self.eps
         self.stats[10] += self.lr
 
@@ -230,6 +232,15 @@ class PQNAgent(OnPolicyAgent):
                 f"charts/collect_{d}": v[6 + i] / c for i, d in enumerate(("short", "flat", "long"))
             },
         }
+
+    def _minibatch(self, idx: torch.Tensor) -> None:
+        roll = self.roll
+        self._zero_grad()
+        data = (roll.bar, roll.port, self.taken, self.returns)
+        loss = self._loss(*(roll.flat(x).index_select(0, idx) for x in data))
+        self._backward(loss)
+        gn = self._grad_step()
+        self.stats[0:2] += torch.stack([loss.detach(), gn])
 
     # ------------------------------------------------------------------ act
     def greedy(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """On-policy rollouts on the device, shared by PPO and PQN: E envs x T steps of the TradingEnv,
 the two ways of turning them into targets (GAE for PPO, Q(lambda) returns for PQN), and the
-agent skeleton both train through (`OnPolicyAgent`: a round is one rollout and one update).
+agent skeleton both train through (`OnPolicyAgent`: a round is one rollout and one update,
+an update minibatch by minibatch).
 
 A rollout stores what a step needs to be replayed, not the observations: bar indices and
 portfolio states (the market rows are gathered again from the device copy of the fxcache when a
@@ -17,8 +18,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from foxhunt.train import aot
 from foxhunt.train.agents.common import (
     AgentState,
+    FlatAdam,
     Observation,
     autocast,
     capture_restoring,
@@ -124,8 +127,14 @@ class OnPolicyAgent(AgentState):
     Adam (with decoupled weight decay) over one flat buffer, the env, the rollout buffers, the
     rounds' learning-rate schedule and the CUDA graphs of the rollout and the update. A
     subclass (PPO, PQN) adds `u_act` (the uniform draws its actions take, refreshed each
-    rollout) and defines `_rollout` (fill `roll`), `_update` (learn from it), `read_stats` and
-    `greedy`."""
+    rollout) and defines `_rollout` (fill `roll`), `_update` (its targets, then each minibatch
+    through `_learn_minibatch`), `_minibatch` (one minibatch's loss, gradient and step, with
+    `_zero_grad`, `_backward` and `_grad_step`), `read_stats` and `greedy`.
+
+    With `compile_mode="aot"` a minibatch's step is compiled ahead of time
+    (foxhunt.train.aot): traced once into a package in the compile cache, loaded from there by
+    every later task. The rollout is not compiled in either mode (on a GPU it is one CUDA
+    graph)."""
 
     u_act: torch.Tensor
 
@@ -144,10 +153,14 @@ class OnPolicyAgent(AgentState):
         self.flat = flatten_into_views(self.params)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         self.lr = torch.full((), cfg.lr, device=dev)  # set per round, read by captured steps
-        self.opt = torch.optim.Adam(
-            [self.flat], lr=self.lr, eps=adam_eps, weight_decay=cfg.weight_decay,
-            decoupled_weight_decay=True, capturable=dev.type == "cuda", foreach=False,
-        )  # fmt: skip
+        # A minibatch's step compiled ahead of time (`_aot_step`), by torch.compile (its loss
+        # and the optimiser's step, below and in the subclass), or neither.
+        self.aot = cfg.compile and cfg.compile_mode == "aot"
+        self.minibatch_aot: aot.Step | None = None  # built at the first minibatch
+        adam = dict(lr=self.lr, eps=adam_eps, weight_decay=cfg.weight_decay,
+                    decoupled_weight_decay=True, foreach=False)  # fmt: skip
+        self.opt = FlatAdam(self.flat, **adam) if self.aot else torch.optim.Adam(
+            [self.flat], capturable=dev.type == "cuda", **adam)  # fmt: skip
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.state = Observation(data, env_cfg.memory_decay)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)
@@ -158,7 +171,7 @@ class OnPolicyAgent(AgentState):
         self.rounds = cfg.rounds
         self.round = 0  # rounds done in this fold (host counter: the schedule is set per round)
         self.total_rounds = 1
-        if cfg.compile:
+        if cfg.compile and not self.aot:
             self._step = compiled(self._step)
         ensure_adam_state(self.opt, self.flat)
 
@@ -202,6 +215,55 @@ class OnPolicyAgent(AgentState):
     def _step(self) -> torch.Tensor:
         """Clip the gradient to the global norm, Adam; the norm before clipping."""
         return clip_and_step(self.flat, self.opt, self.cfg.max_grad_norm)
+
+    # ------------------------------------------------------------------ a minibatch
+    def _minibatch(self, idx: torch.Tensor) -> None:
+        """Learn from the rollout's rows `idx` (step-major, as `Rollout.flat`): the loss, its
+        gradient (`_zero_grad`, `_backward`) and the optimiser's step (`_grad_step`)."""
+        raise NotImplementedError
+
+    def _learn_minibatch(self, idx: torch.Tensor) -> None:
+        """`_minibatch(idx)`, compiled ahead of time with `compile_mode="aot"`."""
+        if not self.aot:
+            self._minibatch(idx)
+            return
+        if self.minibatch_aot is None:
+            self._aot_step(idx)
+        self.minibatch_aot(idx)
+
+    def _zero_grad(self) -> None:
+        if not self.aot:  # backward hands over fresh gradient buffers
+            for p in self.params:
+                p.grad = None
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Add `loss`'s gradient: into the parameters' (eager and torch.compile), or, where the
+        step is traced ahead of time, into the flat buffer's, of which the parameters are views
+        to autograd as well there (foxhunt.train.aot)."""
+        if not self.aot:
+            loss.backward()
+            return
+        (g,) = torch.autograd.grad(loss, [self.flat])
+        self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
+
+    def _grad_step(self) -> torch.Tensor:
+        """The flat gradient clipped and Adam's step (`_step`); the norm before clipping."""
+        if not self.aot:
+            self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        return self._step()
+
+    def _aot_body(self, idx: torch.Tensor) -> None:
+        with torch.enable_grad():  # it may be traced inside a no_grad block
+            self._minibatch(idx)
+        self.flat.grad = None
+
+    def _aot_step(self, idx: torch.Tensor) -> None:
+        """The minibatch's step from the compile cache, traced and built first where it is not
+        there (the state is restored after the trace)."""
+        name = f"{type(self).__name__.removesuffix('Agent').lower()}-minibatch"
+        self.minibatch_aot = aot.Step(self, name, self._aot_body, (torch.zeros_like(idx),),
+                                      repr((self.cfg, self.env.cfg)), self.snapshot,
+                                      self.restore)  # fmt: skip
 
     def learn(self) -> None:
         if "update" in self.graphs:
