@@ -3,9 +3,8 @@ compile cache on the fxcache volume (TrainConfig.compile_cache) saves the next o
 
     python3 bench/bench_compile_cache.py [--models dqn,ppo,tlob]     on a CUDA device
     python3 bench/bench_compile_cache.py --cpu-smoke                 tiny sizes on the CPU
-    python3 bench/bench_compile_cache.py --models dqn,ppo,pqn --aot  the RL agents' steps
-                                                                     compiled ahead of time
-                                                                     (AOTInductor)
+    python3 bench/bench_compile_cache.py --models dqn,ppo,tlob --aot the models' steps compiled
+                                                                     ahead of time (AOTInductor)
 
 For each model, two fresh processes in turn over one empty cache folder: the first compiles
 (cold), the second loads what the first kept (warm). Each builds the model at its GPU defaults
@@ -96,7 +95,7 @@ def main() -> None:
     ap.add_argument("--models", default="dqn,ppo,pqn,tlob")
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--aot", action="store_true",
-                    help="the RL agents with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
+                    help="the models with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
     args = ap.parse_args()
     src = str(Path(__file__).resolve().parents[1] / "src")
     dev = "cpu" if args.cpu_smoke else "cuda"
@@ -109,13 +108,14 @@ def main() -> None:
     for model in args.models.split(","):
         sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
         if args.aot:
-            if model not in ("dqn", "ppo", "pqn"):
-                raise SystemExit("--aot: only the RL agents' steps compile ahead of time")
+            if model == "ensemble":
+                raise SystemExit("--aot: the ensemble's members do not compile ahead of time")
             sets["compile_mode"] = "aot"
         if args.cpu_smoke:
-            sets |= {"tlob": {"window": 8, "hidden": 8, "layers": 1, "batch_size": 32,
-                              "steps": 2},
-                     "dqn": {"envs": 64, "batch_size": 64}}.get(model, {"envs": 64})  # fmt: skip
+            seq = {"window": 8, "batch_size": 32, "steps": 2}  # the supervised models'
+            sets |= {"tlob": seq | {"hidden": 8, "layers": 1}, "cfc": seq, "mamba2": seq,
+                     "tft": seq, "ppo": {"envs": 64}, "pqn": {"envs": 64},
+                     "dqn": {"envs": 64, "batch_size": 64}}.get(model, {})  # fmt: skip
         with tempfile.TemporaryDirectory() as cache:
             row = {}
             for phase in ("cold", "warm"):

@@ -31,8 +31,8 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
 than `common.adam_step`), `-combo` (inductor's combo kernels: a graph's independent small
 kernels launched as one), `-aot` (the DQN's collection and learning steps, PPO's and PQN's
-minibatch step, compiled ahead of time by AOTInductor, `compile_mode="aot"`,
-foxhunt.train.aot, rather than by torch.compile),
+minibatch step, a supervised model's training step, compiled ahead of time by AOTInductor,
+`compile_mode="aot"`, foxhunt.train.aot, rather than by torch.compile),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -268,7 +268,7 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
             if o[:1] in keys and o[1:].isdigit():
                 sizes[keys[o[0]]] = int(o[1:])
         piece = sizes.pop("predict_batch", None)
-        aot = "aot" in opts and model in ("ppo", "pqn")  # the mode turns compile on
+        aot = "aot" in opts  # the mode turns compile on
         mode = {"compile": None, "compile_mode": "aot"} if aot else {"compile": "compile" in opts}
         ocfg = cls(capture=capture, precision=precision, **mode, **sizes)
         t0 = time.perf_counter()

@@ -174,6 +174,62 @@ def test_on_policy_minibatches_compiled_ahead_of_time_learn_as_eagerly(cache, na
         assert torch.equal(f1, f0)
 
 
+def train_supervised(cfg):
+    """A supervised model trained 2 epochs of 4 steps on one fold, single-threaded."""
+    from foxhunt.train.agents.supervised import SupervisedAgent
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        agent = SupervisedAgent(cfg, EnvConfig(), random_market(), seed=0)
+        agent.reset_fold(0, 400, seed=1)
+        for e in range(2):
+            agent.begin_epoch(e, 2)
+            agent.learn()
+        return agent
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("name", ["tlob", "tft"])
+def test_supervised_steps_compiled_ahead_of_time_learn_as_eagerly(cache, name):
+    """A supervised model's whole training step (the learning rate's schedule, the loss over
+    the micro-batches, the gradient, clipping, AdamW) built and loaded: bit for bit between the
+    two, to float rounding against the uncompiled model. TLOB with two micro-batches a step
+    (its attention's views, which export would refuse as views), TFT with its LSTM (traced as
+    cells) and its return target (quantiles read as a normal distribution)."""
+    from foxhunt.train.models.tft import TFTConfig
+    from foxhunt.train.models.tlob import TLOBConfig
+
+    small = dict(window=16, batch_size=32, steps=4, compile_mode="aot")
+    cfg = (TLOBConfig(hidden=16, layers=1, accumulate=2, **small) if name == "tlob"
+           else TFTConfig(dropout=0.0, **small))  # fmt: skip
+    built = train_supervised(cfg)
+    assert built.step_aot.built
+    loaded = train_supervised(cfg)
+    assert not loaded.step_aot.built
+    eager = train_supervised(dataclasses.replace(cfg, compile=False, compile_mode="default"))
+    assert eager.step_aot is None
+    s_built, s_loaded, s_eager = (a.read_stats() for a in (built, loaded, eager))
+    assert s_built == s_loaded
+    assert torch.equal(built.flat, loaded.flat)
+    for k, v in s_eager.items():
+        assert s_built[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
+    assert s_built["losses/loss"] > 0
+    torch.testing.assert_close(built.flat, eager.flat, rtol=1e-4, atol=1e-5)
+    assert int(built.step_i) == int(eager.step_i) == 8, "the fold's steps, counted in the package"
+
+
+def test_dropout_is_refused_ahead_of_time():
+    """TFT's dropout would draw inside the package, apart from the task's seed: refused."""
+    from foxhunt.train.agents.supervised import SupervisedAgent
+    from foxhunt.train.models.tft import TFTConfig
+
+    with pytest.raises(ValueError, match=r"compile_mode = 'aot' with dropout = 0\.1"):
+        SupervisedAgent(TFTConfig(window=16, batch_size=32, compile_mode="aot"), EnvConfig(),
+                        random_market(), seed=0)  # fmt: skip
+
+
 def test_a_step_is_not_compiled_ahead_of_time_for_data_parallel_ranks(monkeypatch):
     """A package holds no all-reduce of the ranks' gradients (torch.compile's graph keeps
     `distributed.average_`'s): refused in a process of a data-parallel group."""

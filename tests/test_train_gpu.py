@@ -243,7 +243,7 @@ def test_ppo_and_pqn_minibatches_compiled_ahead_of_time_match_eager_and_reload(
 
 
 def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: bool = False,
-                   epochs: int = 2, steps: int = 8):  # fmt: skip
+                   epochs: int = 2, steps: int = 8, compile_mode: str = "default"):  # fmt: skip
     """Epochs of a supervised model (`steps` optimiser steps each) at small sizes: statistics
     per epoch, the final weights and the predictions of a range."""
     from foxhunt.train.agents.supervised import SupervisedAgent
@@ -252,7 +252,8 @@ def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: 
 
     data = gpu_data()
     sizes = dict(window=32, batch_size=256, steps=steps, capture=capture, precision=precision,
-                 compile=compile_)  # fmt: skip
+                 compile=None if compile_mode == "aot" else compile_,
+                 compile_mode=compile_mode)  # fmt: skip
     cfg = TLOBConfig(hidden=64, layers=2, **sizes) if model == "tlob" else CfCConfig(**sizes)
     agent = SupervisedAgent(cfg, EnvConfig(), data, seed=7)
     if capture == "graph":
@@ -332,6 +333,26 @@ def test_supervised_compiled_and_captured_step_matches_eager_within_float_tolera
     for k in ("losses/loss", "losses/grad_norm"):
         assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("model", ["tlob", "cfc"])
+def test_supervised_steps_compiled_ahead_of_time_match_eager_and_reload(
+    model, tmp_path, monkeypatch
+):
+    """compile_mode="aot" on the GPU: the training step's package captured in a CUDA graph,
+    within float tolerance of the eager model (fp32), and a second model that loads the
+    package the first built, bit for bit against the first."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    s_e, p_e, _ = run_supervised("eager", model)
+    built = run_supervised("graph", model, compile_mode="aot")
+    loaded = run_supervised("graph", model, compile_mode="aot")
+    assert len(list((tmp_path / "foxhunt-aot").glob(f"{model}-step-*.pt2"))) == 1
+    assert built[0] == loaded[0] and torch.equal(built[1], loaded[1])
+    for k in s_e[-1]:
+        assert built[0][-1][k] == pytest.approx(s_e[-1][k], rel=1e-3, abs=1e-5), k
+    torch.testing.assert_close(built[1], p_e, rtol=1e-3, atol=1e-4)
+    assert torch.equal(built[2], loaded[2]), "the same predicted classes"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -205,6 +205,20 @@ def _capturable(optimisers: list[torch.optim.Optimizer]) -> Iterator[None]:
             g["capturable"] = c
 
 
+@contextlib.contextmanager
+def _cell_rnns() -> Iterator[None]:
+    """Recurrent layers (TFT's LSTM) traced as their cells' operators rather than as oneDNN's
+    or cuDNN's fused kernels, whose backward AOTInductor's runtime fails to call (torch 2.13,
+    on the CPU: an internal assert in its proxy executor). Only the backends' switches are
+    touched (their `flags()` would reset their TF32 settings too)."""
+    before = torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled
+    torch.backends.mkldnn.enabled = torch.backends.cudnn.enabled = False
+    try:
+        yield
+    finally:
+        torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled = before
+
+
 def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
     """`body(*args)` as an aten graph of (bases..., args...), gradients and in-place updates
     included. The trace runs the step once for real: the caller restores the state after."""
@@ -217,7 +231,7 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
             out = body(*xs[n:])
         return tuple(out) if isinstance(out, (tuple, list)) else (() if out is None else (out,))
 
-    with _capturable(bound.optimisers):
+    with _capturable(bound.optimisers), _cell_rnns():
         gm = make_fx(fn)(*bound.bases, *args)
     # A tensor the step read that is not among its inputs would be fixed in the package with
     # the values it had at the trace (held where tensor_slots does not look: a tuple, a
@@ -231,6 +245,35 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
             "global holds them); a compiled step would keep their values of the trace"
         )
     return gm
+
+
+def reshape_read_only_views(gm: torch.fx.GraphModule) -> int:
+    """Turn the trace's `view`s that nothing writes through into `reshape`s; returns how many.
+
+    The trace records a reshape as a view wherever the tensors it ran on allowed one, but
+    export traces the graph again with the strides torch's meta functions give, which for
+    some operators (TLOB's attention on a CPU) differ from the kernels' own, and the view is
+    then refused. A reshape is a view where one is possible and a copy otherwise, the same
+    values either way, so only a view that is written through (its writes must reach its
+    base) has to stay a view."""
+    aten = torch.ops.aten
+
+    def written(node: torch.fx.Node) -> bool:
+        for u in node.users:
+            op = u.target
+            if not isinstance(op, torch._ops.OpOverload):
+                continue
+            if op._schema.is_mutable or (op.is_view and written(u)):
+                return True
+        return False
+
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is aten.view.default and not written(node):
+            node.target = aten.reshape.default
+            n += 1
+    gm.recompile()
+    return n
 
 
 def drop_unused(gm: torch.fx.GraphModule, n: int) -> list[int]:
@@ -353,6 +396,7 @@ class Step:
                 gm = trace(self.bound, body, args)
             finally:
                 restore(saved)
+            reshape_read_only_views(gm)
             used = drop_unused(gm, len(self.bound.bases))
             example = [*(self.bound.bases[i] for i in used), *args]
             build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))})

@@ -271,6 +271,39 @@ def adam_step(opt: torch.optim.Adam | FlatAdam, flat: torch.Tensor) -> None:
         )  # fmt: skip
 
 
+class FlatGrad:
+    """The gradient of an agent whose parameters (`params`) are views of one flat buffer
+    (`flat`), in either of two forms. Eagerly (and under torch.compile), backward fills the
+    parameters' gradients, which `_gather_grad` copies into the flat buffer's. Inside a step
+    traced to be compiled ahead of time (`aot`, foxhunt.train.aot), the parameters are views
+    of the flat buffer to autograd as well, and the gradient is taken for the flat buffer
+    itself."""
+
+    aot = False
+    flat: torch.Tensor
+    params: list[torch.Tensor]
+
+    def _zero_grad(self) -> None:
+        if self.aot:
+            self.flat.grad = None
+            return
+        for p in self.params:  # backward hands over fresh gradient buffers
+            p.grad = None
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        """Add `loss`'s gradient to what the step has gathered so far."""
+        if not self.aot:
+            loss.backward()
+            return
+        (g,) = torch.autograd.grad(loss, [self.flat])
+        self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
+
+    def _gather_grad(self) -> None:
+        """The step's gradient into `flat.grad` (where it is not there already)."""
+        if not self.aot:
+            self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+
+
 def clip_and_step(flat: torch.Tensor, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """Average the flat gradient over the data-parallel ranks (foxhunt.train.distributed; one
     all-reduce, nothing for one process), clip it to the global norm `max_norm` (as

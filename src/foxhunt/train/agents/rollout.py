@@ -22,6 +22,7 @@ from foxhunt.train import aot
 from foxhunt.train.agents.common import (
     AgentState,
     FlatAdam,
+    FlatGrad,
     Observation,
     autocast,
     capture_restoring,
@@ -122,14 +123,14 @@ def lambda_returns(
     return out
 
 
-class OnPolicyAgent(AgentState):
+class OnPolicyAgent(FlatGrad, AgentState):
     """The trainer's state for one task of an on-policy agent: its network (`make_net(cfg)`),
     Adam (with decoupled weight decay) over one flat buffer, the env, the rollout buffers, the
     rounds' learning-rate schedule and the CUDA graphs of the rollout and the update. A
     subclass (PPO, PQN) adds `u_act` (the uniform draws its actions take, refreshed each
     rollout) and defines `_rollout` (fill `roll`), `_update` (its targets, then each minibatch
     through `_learn_minibatch`), `_minibatch` (one minibatch's loss, gradient and step, with
-    `_zero_grad`, `_backward` and `_grad_step`), `read_stats` and `greedy`.
+    FlatGrad's `_zero_grad` and `_backward`, and `_grad_step`), `read_stats` and `greedy`.
 
     With `compile_mode="aot"` a minibatch's step is compiled ahead of time
     (foxhunt.train.aot): traced once into a package in the compile cache, loaded from there by
@@ -231,25 +232,9 @@ class OnPolicyAgent(AgentState):
             self._aot_step(idx)
         self.minibatch_aot(idx)
 
-    def _zero_grad(self) -> None:
-        if not self.aot:  # backward hands over fresh gradient buffers
-            for p in self.params:
-                p.grad = None
-
-    def _backward(self, loss: torch.Tensor) -> None:
-        """Add `loss`'s gradient: into the parameters' (eager and torch.compile), or, where the
-        step is traced ahead of time, into the flat buffer's, of which the parameters are views
-        to autograd as well there (foxhunt.train.aot)."""
-        if not self.aot:
-            loss.backward()
-            return
-        (g,) = torch.autograd.grad(loss, [self.flat])
-        self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
-
     def _grad_step(self) -> torch.Tensor:
         """The flat gradient clipped and Adam's step (`_step`); the norm before clipping."""
-        if not self.aot:
-            self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self._gather_grad()
         return self._step()
 
     def _aot_body(self, idx: torch.Tensor) -> None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -49,10 +50,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train import distributed
+from foxhunt.train import aot, distributed
 from foxhunt.train.agents.common import (
     AgentState,
     Capture,
+    FlatAdam,
+    FlatGrad,
     Precision,
     autocast,
     capture_graphs,
@@ -129,6 +132,13 @@ class SupervisedConfig:
     """CUDA graphs for the training step and for prediction (auto: on CUDA)."""
     compile: bool | None = None
     """torch.compile the loss (default: on with graphs)."""
+    compile_mode: Literal["default", "aot"] = "default"
+    """"aot" (which turns `compile` on, on a CPU as well): the whole training step (the
+    learning rate's schedule, the loss over the micro-batches, its gradient, clipping and
+    AdamW) compiled ahead of time by AOTInductor into the compile cache and loaded from there
+    by the task that built it and by every later one, which then traces and compiles nothing
+    (foxhunt.train.aot). Not for a model with dropout (its draws would come from inside the
+    package). Experimental: its numbers equal the default mode's to float rounding."""
 
     def __post_init__(self) -> None:
         for k in ("window", "horizon"):
@@ -150,6 +160,15 @@ class SupervisedConfig:
 
     def resolved(self, device: torch.device):
         return resolve(self, device, SIZES_BY_DEVICE)
+
+    def check_aot(self) -> None:
+        """Refuse compile_mode 'aot' for a model whose training step draws random numbers."""
+        if self.compile_mode == "aot" and getattr(self, "dropout", 0.0) > 0:
+            raise ValueError(
+                f"compile_mode = 'aot' with dropout = {self.dropout}: dropout's draws inside a "
+                "step compiled ahead of time would not follow the task's seed as eager ones do "
+                "(set dropout 0, or use compile_mode 'default')"
+            )
 
     def build(self, features: int = N_MKT) -> nn.Module:
         raise NotImplementedError(f"{type(self).__name__} builds no network")
@@ -197,13 +216,25 @@ def quantile_class_probs(q: torch.Tensor, theta: torch.Tensor, quantiles) -> tor
     (q_hi - q_lo) / (z(hi) - z(lo)). P(down) = P(r < -theta), P(up) = P(r > theta). A median
     forecast shrinks towards 0 under noise, so comparing it with theta alone would call nearly
     everything flat; the spread says how sure the forecast is."""
-    lo, hi = quantiles[0], quantiles[2]
-    z = torch.distributions.Normal(0.0, 1.0)
-    spread = float(z.icdf(torch.tensor(hi)) - z.icdf(torch.tensor(lo)))
-    sd = ((q[:, 2] - q[:, 0]).abs() / spread).clamp_min(1e-6)
-    down = z.cdf((-theta - q[:, 1]) / sd)
-    up = 1.0 - z.cdf((theta - q[:, 1]) / sd)
+    sd = ((q[:, 2] - q[:, 0]).abs() / normal_spread(quantiles[0], quantiles[2])).clamp_min(1e-6)
+    down = normal_cdf((-theta - q[:, 1]) / sd)
+    up = 1.0 - normal_cdf((theta - q[:, 1]) / sd)
     return torch.stack([down, (1.0 - down - up).clamp_min(0.0), up], -1)
+
+
+@functools.cache
+def normal_spread(lo: float, hi: float) -> float:
+    """z(hi) - z(lo), the standard normal's quantiles (in float32, as torch computes them).
+    Cached: a step traced to be compiled ahead of time (foxhunt.train.aot) may create no tensor
+    of its own, so an agent asks for it once when it is built."""
+    z = torch.distributions.Normal(0.0, 1.0)
+    return float(z.icdf(torch.tensor(hi)) - z.icdf(torch.tensor(lo)))
+
+
+def normal_cdf(x: torch.Tensor) -> torch.Tensor:
+    """The standard normal's cdf, the arithmetic of torch.distributions.Normal(0, 1).cdf, whose
+    check of the sample's support reads tensors into Python (which a traced step cannot)."""
+    return 0.5 * (1 + torch.erf(x / math.sqrt(2)))
 
 
 def classification_metrics(pred: torch.Tensor, truth: torch.Tensor) -> dict[str, float]:
@@ -266,7 +297,7 @@ def step_lr_factor(k: torch.Tensor, total: torch.Tensor, warmup: float) -> torch
 
 
 # ---------------------------------------------------------------------------------- agent
-class SupervisedAgent(AgentState):
+class SupervisedAgent(FlatGrad, AgentState):
     """The trainer's state for one task: the network, AdamW, labels, samples and the
     predictions the policy reads. Built once per task, reset in place per fold."""
 
@@ -294,10 +325,14 @@ class SupervisedAgent(AgentState):
         self.flat = flatten_into_views(self.params)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
         self.lr = torch.full((), cfg.lr, device=dev)
-        self.opt = torch.optim.AdamW(
-            [self.flat], lr=self.lr, weight_decay=cfg.weight_decay, capturable=dev.type == "cuda",
-            foreach=False,
-        )  # fmt: skip
+        # The training step compiled ahead of time (`_step`), its loss by torch.compile
+        # (below), or neither.
+        cfg.check_aot()
+        self.aot = cfg.compile and cfg.compile_mode == "aot"
+        self.step_aot: aot.Step | None = None  # built at the first step
+        adamw = dict(lr=self.lr, eps=1e-8, weight_decay=cfg.weight_decay, foreach=False)
+        self.opt = FlatAdam(self.flat, decoupled_weight_decay=True, **adamw) if self.aot else \
+            torch.optim.AdamW([self.flat], capturable=dev.type == "cuda", **adamw)  # fmt: skip
         n = data.n
         self.ret_h = horizon_returns(data, cfg.horizon)
         self.labels = torch.ones(n, dtype=torch.long, device=dev)  # set per fold
@@ -306,6 +341,7 @@ class SupervisedAgent(AgentState):
         self.ret_scale = torch.ones((), device=dev)
         self.y_ret = torch.zeros(n, device=dev)
         self.quantiles = torch.tensor(cfg.quantiles, device=dev)
+        normal_spread(cfg.quantiles[0], cfg.quantiles[2])  # here, not inside a traced step
         self.train_t = torch.zeros(n, dtype=torch.long, device=dev)  # the fold's samples
         self.n_train = torch.zeros((), dtype=torch.long, device=dev)
         self.batch_t = torch.zeros(cfg.batch_size * cfg.accumulate, dtype=torch.long, device=dev)
@@ -321,7 +357,7 @@ class SupervisedAgent(AgentState):
         # The order of the samples: its own generator, seeded alike on every data-parallel
         # rank (foxhunt.train.distributed), so that the ranks split one global batch.
         self.gen = torch.Generator(dev)
-        if cfg.compile:
+        if cfg.compile and not self.aot:
             self._loss = compiled(self._loss)
         ensure_adam_state(self.opt, self.flat)
 
@@ -432,16 +468,32 @@ class SupervisedAgent(AgentState):
         return p.argmax(-1), p
 
     def _step(self) -> None:
+        """An optimiser step on the samples in `batch_t` (`_train_step`), compiled ahead of
+        time with `compile_mode="aot"` (the package is built or loaded at the first step)."""
+        if not self.aot:
+            self._train_step()
+            return
+        if self.step_aot is None:
+            name = f"{type(self.cfg).__name__.removesuffix('Config').lower()}-step"
+            self.step_aot = aot.Step(self, name, self._aot_body, (), repr(self.cfg),
+                                     self.snapshot, self.restore)  # fmt: skip
+        self.step_aot()
+
+    def _aot_body(self) -> None:
+        with torch.enable_grad():  # it may be traced inside a no_grad block
+            self._train_step()
+        self.flat.grad = None
+
+    def _train_step(self) -> None:
         cfg = self.cfg
         self.lr.copy_(cfg.lr * step_lr_factor(self.step_i, self.total, cfg.warmup))
-        for p in self.params:
-            p.grad = None
+        self._zero_grad()
         loss = acc = 0.0
         for micro in self.batch_t.view(cfg.accumulate, cfg.batch_size):
             part, part_acc = self._loss(micro)
-            (part / cfg.accumulate).backward()  # gradients add up over the micro-batches
+            self._backward(part / cfg.accumulate)  # gradients add up over the micro-batches
             loss, acc = loss + part.detach() / cfg.accumulate, acc + part_acc / cfg.accumulate
-        self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
+        self._gather_grad()
         gn = clip_and_step(self.flat, self.opt, cfg.grad_clip)
         with torch.no_grad():
             self.step_i += 1
