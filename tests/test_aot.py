@@ -38,21 +38,27 @@ def monkeypatch_module():
         yield mp
 
 
-def train(cfg: DQNConfig, epochs: int = 3) -> RainbowAgent:
-    """An agent trained `epochs` epochs of one fold, single-threaded (a thread count of its
-    own would sum in another order)."""
+def trained(make, epochs: int):
+    """The agent `make()` builds, trained `epochs` epochs of one fold, single-threaded (a
+    thread count of its own would sum in another order); its statistics are left to read."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        agent = RainbowAgent(cfg, EnvConfig(episode_bars=64), random_market(), seed=0)
+        agent = make()
         agent.reset_fold(0, 400, seed=1)
         for e in range(epochs):
             agent.begin_epoch(e, epochs)
-            agent.collect()
-            agent.learn()
+            for _ in range(agent.rounds):
+                agent.collect()
+                agent.learn()
         return agent
     finally:
         torch.set_num_threads(threads)
+
+
+def train(cfg: DQNConfig, epochs: int = 3) -> RainbowAgent:
+    return trained(lambda: RainbowAgent(cfg, EnvConfig(episode_bars=64), random_market(), 0),
+                   epochs)  # fmt: skip
 
 
 ON_POLICY = {
@@ -64,23 +70,11 @@ ON_POLICY = {
 
 
 def train_on_policy(name: str, compile_mode: str = "aot", epochs: int = 2):
-    """PPO or PQN trained `epochs` epochs of one fold, single-threaded."""
+    """PPO or PQN trained `epochs` epochs of one fold."""
     cls, cfg = ON_POLICY[name]
     if compile_mode != "aot":
         cfg = dataclasses.replace(cfg, compile=False, compile_mode=compile_mode)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        agent = cls(cfg, EnvConfig(episode_bars=64), random_market(), seed=0)
-        agent.reset_fold(0, 400, seed=1)
-        for e in range(epochs):
-            agent.begin_epoch(e, epochs)
-            for _ in range(agent.rounds):
-                agent.collect()
-                agent.learn()
-        return agent
-    finally:
-        torch.set_num_threads(threads)
+    return trained(lambda: cls(cfg, EnvConfig(episode_bars=64), random_market(), seed=0), epochs)
 
 
 def test_a_step_compiled_ahead_of_time_trains_as_the_eager_agent_does(cache):
@@ -175,20 +169,10 @@ def test_on_policy_minibatches_compiled_ahead_of_time_learn_as_eagerly(cache, na
 
 
 def train_supervised(cfg):
-    """A supervised model trained 2 epochs of 4 steps on one fold, single-threaded."""
+    """A supervised model trained 2 epochs on one fold."""
     from foxhunt.train.agents.supervised import SupervisedAgent
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        agent = SupervisedAgent(cfg, EnvConfig(), random_market(), seed=0)
-        agent.reset_fold(0, 400, seed=1)
-        for e in range(2):
-            agent.begin_epoch(e, 2)
-            agent.learn()
-        return agent
-    finally:
-        torch.set_num_threads(threads)
+    return trained(lambda: SupervisedAgent(cfg, EnvConfig(), random_market(), seed=0), 2)
 
 
 @pytest.mark.parametrize("name", ["tlob", "tft"])
