@@ -83,25 +83,43 @@ def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Tensor:
-    """Weights [d + 1] (bias last) of L2-regularised logistic regression of y > 0, by L-BFGS
-    in float64 (a convex problem: the optimum does not depend on the start)."""
+    """Weights [d + 1] (bias last) of L2-regularised logistic regression of y > 0, by Newton's
+    method with a backtracking line search, in float64 (a strictly convex problem: the optimum
+    does not depend on the start; up to `steps` iterations, stopping when a step no longer
+    moves the weights). Not torch.optim's L-BFGS: constructing a torch optimiser imports
+    torch._dynamo, seconds on a GPU host, in a task that needs it for nothing else (one whose
+    steps are compiled ahead of time, foxhunt.train.aot)."""
     x = x.double()
     keep = y != 0
     x, lab = x[keep], (y[keep] > 0).double()
     n, d = x.shape
     xb = torch.cat([x, x.new_ones(n, 1)], 1)
-    w = torch.zeros(d + 1, dtype=x.dtype, device=x.device, requires_grad=True)
-    opt = torch.optim.LBFGS([w], max_iter=steps, line_search_fn="strong_wolfe")
+    l2 = torch.full((d + 1,), 1e-4, dtype=x.dtype, device=x.device)
+    l2[d] = 0.0  # the bias is not penalised
 
-    def closure():
-        opt.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(xb @ w, lab)
-        loss = loss + 1e-4 * w[:d].square().sum()
-        loss.backward()
-        return loss
+    def loss(w: torch.Tensor) -> torch.Tensor:
+        bce = torch.nn.functional.binary_cross_entropy_with_logits(xb @ w, lab)
+        return bce + (l2 * w.square()).sum()
 
-    opt.step(closure)
-    return w.detach()
+    w = x.new_zeros(d + 1)
+    f = loss(w)
+    for _ in range(steps):
+        p = torch.sigmoid(xb @ w)
+        grad = xb.T @ (p - lab) / n + 2 * l2 * w
+        hess = (xb.T * (p * (1 - p))) @ xb / n + torch.diag(2 * l2)
+        step = torch.linalg.solve(hess, grad)
+        t = 1.0
+        while True:  # halve the step until the objective does not rise
+            w_new = w - t * step
+            f_new = loss(w_new)
+            if f_new <= f or t < 1e-8:
+                break
+            t /= 2
+        moved = (w_new - w).abs().max() <= 1e-12 * (1 + w.abs().max())
+        w, f = w_new, f_new
+        if moved:
+            break
+    return w
 
 
 def columns(data, t: torch.Tensor, memory: bool = False) -> torch.Tensor:
