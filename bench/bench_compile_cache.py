@@ -108,8 +108,6 @@ def main() -> None:
     for model in args.models.split(","):
         sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
         if args.aot:
-            if model == "ensemble":
-                raise SystemExit("--aot: the ensemble's members do not compile ahead of time")
             sets["compile_mode"] = "aot"
         if args.cpu_smoke:
             seq = {"window": 8, "batch_size": 32, "steps": 2}  # the supervised models'

@@ -6,8 +6,7 @@ compile cache.
                                 [--eval-segments N]              18: <= 30 s on one H200)
                                 [--compile-eval {on,off,both}]
                                 [--aot]                          the agent's steps compiled
-                                                                 ahead of time (AOTInductor;
-                                                                 not the ensemble)
+                                                                 ahead of time (AOTInductor)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -94,8 +93,6 @@ def main() -> None:
     ap.add_argument("--aot", action="store_true",
                     help="the agent with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
     args = ap.parse_args()
-    if args.aot and args.model == "ensemble":
-        raise SystemExit("--aot: the ensemble's members do not compile ahead of time")
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = results_path("bench_plan.json")
     smoke = args.cpu_smoke

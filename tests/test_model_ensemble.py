@@ -136,3 +136,19 @@ def test_the_ensemble_learns_the_planted_signal(demo_es, tmp_path):
     assert acc > 0.36, acc
     assert res.aggregate["test_sharpe"] > 3.0, res.aggregate
     assert res.aggregate["val_sharpe"] > res.aggregate["random_val_sharpe"] + 10.0
+
+
+def test_the_members_compile_ahead_of_time_with_the_ensemble_s_mode():
+    """`--ensemble.compile-mode aot` is every member's mode, compile on (on a CPU too, where it
+    is off by default); with compile off it is refused, and a TFT member with dropout is
+    refused when the members are built (its draws would come from inside the package)."""
+    cpu = torch.device("cpu")
+    cfg = EnsembleConfig(members=("tlob", "cfc"), compile_mode="aot").resolved(cpu)
+    assert [(c.compile, c.compile_mode) for _, c in cfg.member_configs()] == [(True, "aot")] * 4
+    plain = EnsembleConfig(members=("tlob", "cfc")).resolved(cpu)
+    assert {(c.compile, c.compile_mode) for _, c in plain.member_configs()} == {(False, "default")}
+    with pytest.raises(ValueError, match="with compile = False: nothing would be compiled"):
+        EnsembleConfig(compile=False, compile_mode="aot").resolved(cpu)
+    with pytest.raises(ValueError, match=r"with dropout = 0\.1"):
+        EnsembleAgent(EnsembleConfig(members=("tft",), seeds=1, compile_mode="aot"), EnvConfig(),
+                      random_market(), seed=0)  # fmt: skip

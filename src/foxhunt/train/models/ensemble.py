@@ -99,6 +99,10 @@ class EnsembleConfig:
     """The members' CUDA graphs (auto: on CUDA)."""
     compile: bool | None = None
     """The members' torch.compile (default: on with graphs)."""
+    compile_mode: Literal["default", "aot"] = "default"
+    """"aot": every member's training step compiled ahead of time (foxhunt.train.aot; turns
+    compile on), one package per model and settings, which its seeds share. Not with dropout:
+    TFT's members need `--ensemble.tft.dropout 0`."""
 
     def __post_init__(self) -> None:
         # A config read back from JSON (a checkpoint's) holds its members' settings as dicts.
@@ -151,10 +155,17 @@ class EnsembleConfig:
         return out
 
     def resolved(self, device: torch.device) -> EnsembleConfig:
+        aot = self.compile_mode == "aot"
+        if aot and self.compile is False:
+            raise ValueError(
+                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
+                "time (leave compile unset, or set it on)"
+            )
         precision, capture, compile_ = resolve_runtime(
-            device, self.precision, self.capture, self.compile
+            device, self.precision, self.capture, True if aot else self.compile
         )
-        members = {m: getattr(self, m).resolved(device) for m in self.members}
+        members = {m: (dataclasses.replace(getattr(self, m), compile_mode="aot") if aot
+                       else getattr(self, m)).resolved(device) for m in self.members}  # fmt: skip
         return dataclasses.replace(self, precision=precision, capture=capture, compile=compile_,
                                    **members)  # fmt: skip
 
