@@ -125,7 +125,8 @@ class TrainConfig:
     """Training device (auto: CUDA when present, else the CPU)."""
     compile_cache: Path | None = None
     """Where torch.compile keeps what it compiled (inductor's FX graph and kernel caches, Triton's
-    kernels), below a folder per torch version: a later task of the same model on the same kind
+    kernels, the packages of steps compiled ahead of time: foxhunt.train.aot), below a folder
+    per torch version: a later task of the same model on the same kind
     of GPU (a retry, a rerun, the next seed) loads instead of compiling. The pipeline puts it on
     the fxcache volume; None: torch's default (the pod's /tmp, lost with it)."""
     gpus: int = 1
