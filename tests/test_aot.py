@@ -298,6 +298,28 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]
 
 
+def test_only_views_whose_memory_is_not_written_after_them_become_reshapes():
+    """Export may refuse a trace's view (its meta strides differ from the kernels'), so views
+    become reshapes, but not one whose memory is written after it: a copy would miss the
+    write. Here the view of the input, which `add_` writes after, stays a view; the view of
+    an intermediate becomes a reshape; the graph computes what eager code does."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def f(x):
+        v = (x * 2).view(4)
+        w = x.view(4)
+        x.add_(1)
+        return v + w
+
+    gm = make_fx(f)(torch.zeros(2, 2))
+    assert aot.reshape_read_only_views(gm) == 1
+    ops = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert ops.count(torch.ops.aten.view.default) == 1
+    assert ops.count(torch.ops.aten.reshape.default) == 1
+    x = torch.arange(4.0).view(2, 2)
+    assert gm(x.clone()).tolist() == f(x.clone()).tolist() == [1.0, 4.0, 7.0, 10.0]
+
+
 def test_a_tensor_the_agent_does_not_hold_where_it_is_looked_for_is_refused():
     """A step reading a tensor held in a tuple would keep its value of the trace: refused."""
     h = types.SimpleNamespace(w=torch.zeros(4), pair=(torch.ones(4), torch.ones(4)))

@@ -248,32 +248,49 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
 
 
 def reshape_read_only_views(gm: torch.fx.GraphModule) -> int:
-    """Turn the trace's `view`s that nothing writes through into `reshape`s; returns how many.
+    """Turn the trace's `view`s into `reshape`s where nothing writes to their memory after
+    them; returns how many.
 
     The trace records a reshape as a view wherever the tensors it ran on allowed one, but
     export traces the graph again with the strides torch's meta functions give, which for
     some operators (TLOB's attention on a CPU) differ from the kernels' own, and the view is
     then refused. A reshape is a view where one is possible and a copy otherwise, the same
-    values either way, so only a view that is written through (its writes must reach its
-    base) has to stay a view."""
-    aten = torch.ops.aten
+    values either way, unless that memory is written after it (through the view, its base or
+    any other view of the base: a copy would not see the write). Those views stay views."""
+    nodes = list(gm.graph.nodes)
 
-    def written(node: torch.fx.Node) -> bool:
-        for u in node.users:
-            op = u.target
-            if not isinstance(op, torch._ops.OpOverload):
-                continue
-            if op._schema.is_mutable or (op.is_view and written(u)):
-                return True
-        return False
+    def viewing(n) -> bool:
+        return n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload) \
+            and n.target.is_view  # fmt: skip
 
-    n = 0
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and node.target is aten.view.default and not written(node):
-            node.target = aten.reshape.default
-            n += 1
+    def root(n):
+        while isinstance(n, torch.fx.Node) and viewing(n):
+            n = n.args[0]
+        return n
+
+    last_write: dict[torch.fx.Node, int] = {}  # the memory's last write, by its root tensor
+    for i, n in enumerate(nodes):
+        op = n.target
+        if n.op != "call_function" or not isinstance(op, torch._ops.OpOverload):
+            continue
+        if not op._schema.is_mutable:
+            continue
+        names = [a.name for a in op._schema.arguments]
+        given = dict(zip(names[: len(n.args)], n.args, strict=True)) | n.kwargs
+        for a in op._schema.arguments:
+            if a.alias_info is not None and a.alias_info.is_write and a.name in given:
+                written = given[a.name]
+                for t in written if isinstance(written, (list, tuple)) else [written]:
+                    if isinstance(t, torch.fx.Node):
+                        last_write[root(t)] = i
+    count = 0
+    for i, n in enumerate(nodes):
+        if n.op == "call_function" and n.target is torch.ops.aten.view.default \
+                and last_write.get(root(n), -1) < i:  # fmt: skip
+            n.target = torch.ops.aten.reshape.default
+            count += 1
     gm.recompile()
-    return n
+    return count
 
 
 def drop_unused(gm: torch.fx.GraphModule, n: int) -> list[int]:
