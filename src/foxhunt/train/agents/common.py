@@ -303,6 +303,13 @@ class FlatGrad:
         if not self.aot:
             self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
 
+    def _traced_step(self, step: Callable[..., None], *args: torch.Tensor) -> None:
+        """`step(*args)` as a step compiled ahead of time is traced: with gradients on (it may
+        be traced inside a no_grad block), and no gradient left on the flat buffer after it."""
+        with torch.enable_grad():
+            step(*args)
+        self.flat.grad = None
+
 
 def clip_and_step(flat: torch.Tensor, opt: torch.optim.Optimizer, max_norm: float) -> torch.Tensor:
     """Average the flat gradient over the data-parallel ranks (foxhunt.train.distributed; one

@@ -54,6 +54,7 @@ from foxhunt.train.agents.common import (
     AgentState,
     Capture,
     FlatAdam,
+    FlatGrad,
     Observation,
     Precision,
     autocast,
@@ -713,7 +714,7 @@ STATS = (
 )  # fmt: skip
 
 
-class RainbowAgent(AgentState):
+class RainbowAgent(FlatGrad, AgentState):
     """The trainer's state for one task: networks, optimiser, replay, env and captured graphs.
     Built once per task; `reset_fold` rewrites it in place for the next fold."""
 
@@ -1043,24 +1044,18 @@ class RainbowAgent(AgentState):
                 self._aot_steps()
             self.learn_aot(idx, w)
             return
-        loss, per, q_taken, cql, clipped = self._loss(idx, w)
-        for p in self.params:  # backward hands over fresh gradient buffers
-            p.grad = None
-        loss.backward()
-        self.flat.grad = torch.cat([p.grad.reshape(-1) for p in self.params])
-        self.update_fn(idx, per, loss.detach(), q_taken, cql, clipped)
+        self._learn_body(idx, w)
 
     def _learn_body(self, idx: torch.Tensor, w: torch.Tensor) -> None:
-        """A learning step after its replay sample, as `compile_mode="aot"` traces it (the
-        sample stays outside, as with torch.compile: its scan over the priorities is CUB's,
-        faster than inductor's). There the parameters are views of the flat buffer to
-        autograd as well (foxhunt.train.aot), so the gradient is taken for the flat buffer
-        itself."""
-        with torch.enable_grad():  # it may be built inside the collection's no_grad
-            loss, per, q_taken, cql, clipped = self._loss(idx, w)
-            (self.flat.grad,) = torch.autograd.grad(loss, [self.flat])
-        self._step_update(idx, per, loss.detach(), q_taken, cql, clipped)
-        self.flat.grad = None
+        """A learning step after its replay sample: the loss, its gradient (FlatGrad's eager or
+        traced form) and the update. With `compile_mode="aot"` this is what is traced; the
+        sample stays outside, as with torch.compile (its scan over the priorities is CUB's,
+        faster than inductor's)."""
+        self._zero_grad()
+        loss, per, q_taken, cql, clipped = self._loss(idx, w)
+        self._backward(loss)
+        self._gather_grad()
+        self.update_fn(idx, per, loss.detach(), q_taken, cql, clipped)
 
     def _aot_steps(self) -> None:
         """The learning and collection steps from the compile cache, traced and built first
@@ -1073,8 +1068,9 @@ class RainbowAgent(AgentState):
         B = self.cfg.batch_size
         sample = (torch.zeros(B, dtype=torch.long, device=self.device),
                   torch.ones(B, device=self.device))  # fmt: skip
-        self.learn_aot = aot.Step(self, "dqn-learn", self._learn_body, sample, settings,
-                                  self._before_trace, self.restore)  # fmt: skip
+        self.learn_aot = aot.Step(self, "dqn-learn",
+                                  functools.partial(self._traced_step, self._learn_body), sample,
+                                  settings, self._before_trace, self.restore)  # fmt: skip
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
                            self._before_trace, self.restore)  # fmt: skip

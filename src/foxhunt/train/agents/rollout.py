@@ -13,6 +13,7 @@ terminal states: every step also keeps the state the env reached before a restar
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -237,16 +238,12 @@ class OnPolicyAgent(FlatGrad, AgentState):
         self._gather_grad()
         return self._step()
 
-    def _aot_body(self, idx: torch.Tensor) -> None:
-        with torch.enable_grad():  # it may be traced inside a no_grad block
-            self._minibatch(idx)
-        self.flat.grad = None
-
     def _aot_step(self, idx: torch.Tensor) -> None:
         """The minibatch's step from the compile cache, traced and built first where it is not
         there (the state is restored after the trace)."""
         name = f"{type(self).__name__.removesuffix('Agent').lower()}-minibatch"
-        self.minibatch_aot = aot.Step(self, name, self._aot_body, (torch.zeros_like(idx),),
+        body = functools.partial(self._traced_step, self._minibatch)
+        self.minibatch_aot = aot.Step(self, name, body, (torch.zeros_like(idx),),
                                       repr((self.cfg, self.env.cfg)), self.snapshot,
                                       self.restore)  # fmt: skip
 

@@ -475,14 +475,10 @@ class SupervisedAgent(FlatGrad, AgentState):
             return
         if self.step_aot is None:
             name = f"{type(self.cfg).__name__.removesuffix('Config').lower()}-step"
-            self.step_aot = aot.Step(self, name, self._aot_body, (), repr(self.cfg),
-                                     self.snapshot, self.restore)  # fmt: skip
+            body = functools.partial(self._traced_step, self._train_step)
+            self.step_aot = aot.Step(self, name, body, (), repr(self.cfg), self.snapshot,
+                                     self.restore)  # fmt: skip
         self.step_aot()
-
-    def _aot_body(self) -> None:
-        with torch.enable_grad():  # it may be traced inside a no_grad block
-            self._train_step()
-        self.flat.grad = None
 
     def _train_step(self) -> None:
         cfg = self.cfg
