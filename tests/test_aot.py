@@ -5,8 +5,10 @@ compile cache and one configuration where they can."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import subprocess
 import sys
+import time
 import types
 
 import pytest
@@ -259,6 +261,32 @@ def test_a_broken_package_is_built_again(cache, caplog):
     assert again.learn_aot.built
     assert f"aot: {path.name} could not be loaded" in caplog.text
     assert torch.equal(first.flat, again.flat)
+
+
+def test_packages_loaded_are_marked_used_and_unused_ones_pruned(cache, tmp_path, monkeypatch):
+    """Every change of foxhunt's source, torch or a config builds packages of its own; on a
+    shared cache volume those not loaded for FOXHUNT_AOT_KEEP_DAYS days are removed when a task
+    builds one, and loading a package counts as a use."""
+    path = train(CFG, epochs=1).learn_aot.path
+    month_ago = time.time() - 30 * 86400
+    os.utime(path, (month_ago, month_ago))
+    assert not train(CFG, epochs=1).learn_aot.built
+    assert path.stat().st_mtime > month_ago + 29 * 86400
+
+    for name in ("old", "recent", "kept"):
+        (tmp_path / f"{name}.pt2").write_bytes(b"x")
+    (tmp_path / "old.txt").write_bytes(b"x")  # not a package
+    for name in ("old.pt2", "kept.pt2", "old.txt"):
+        os.utime(tmp_path / name, (month_ago, month_ago))
+    assert aot.prune(tmp_path, 0) == []  # 0 keeps every package
+    assert aot.prune(tmp_path, 14, keep=tmp_path / "kept.pt2") == [tmp_path / "old.pt2"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["kept.pt2", "old.txt", "recent.pt2"]
+
+    monkeypatch.setenv(aot.KEEP_DAYS_ENV, "a week")
+    with pytest.raises(ValueError, match="FOXHUNT_AOT_KEEP_DAYS='a week'"):
+        aot.keep_days()
+    monkeypatch.setenv(aot.KEEP_DAYS_ENV, "7")
+    assert aot.keep_days() == 7
 
 
 def test_a_replaced_tensor_is_refused_by_name(cache):

@@ -29,6 +29,7 @@ import hashlib
 import logging
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -382,6 +383,49 @@ def package_path(name: str, settings: str, bound: Bound, args: tuple) -> Path:
     return cache_dir() / f"{name}-{key}.pt2"
 
 
+KEEP_DAYS_ENV = "FOXHUNT_AOT_KEEP_DAYS"
+"""Packages not loaded for this many days (default 14) are removed from the cache when a task
+builds a new one; 0 keeps every package."""
+
+
+def keep_days() -> float:
+    value = os.environ.get(KEEP_DAYS_ENV, "14")
+    try:
+        days = float(value)
+    except ValueError:
+        days = -1.0
+    if not days >= 0:
+        raise ValueError(f"{KEEP_DAYS_ENV}={value!r}: expected a number of days >= 0")
+    return days
+
+
+def mark_used(path: Path) -> None:
+    """Note that `path` was loaded now (its modification time), for `prune`. A cache mounted
+    read-only keeps its times."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def prune(folder: Path, days: float, keep: Path | None = None) -> list[Path]:
+    """Remove the packages in `folder` not loaded or built for `days` days (0: none), except
+    `keep`; returns those removed. Every change of foxhunt's source, torch, the machine or a
+    config builds packages of its own, and on a shared cache volume nothing else removes the
+    old ones. A task that loads a package as it is removed builds it again."""
+    if days <= 0 or not folder.is_dir():
+        return []
+    cutoff = time.time() - days * 86400
+    removed = []
+    for path in folder.glob("*.pt2"):
+        with contextlib.suppress(OSError):
+            if path != keep and path.stat().st_mtime < cutoff:
+                path.unlink()
+                removed.append(path)
+    if removed:
+        log.info("aot: removed %d package(s) of %s not used for %g days",
+                 len(removed), folder, days)  # fmt: skip
+    return removed
+
+
 INPUTS_KEY = "foxhunt_inputs"
 """A package's metadata entry: which of the agent's bases it takes (comma-separated indices)."""
 
@@ -408,6 +452,7 @@ class Step:
         self.loader = self._load_kept()
         self.built = self.loader is None
         if self.built:
+            days = keep_days()  # a bad setting is refused before the build, not after
             saved = prepare()
             try:
                 gm = trace(self.bound, body, args)
@@ -418,6 +463,9 @@ class Step:
             example = [*(self.bound.bases[i] for i in used), *args]
             build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))})
             self.loader = self._load()
+            prune(self.path.parent, days, keep=self.path)
+        else:
+            mark_used(self.path)
         used = self.loader.get_metadata()[INPUTS_KEY]
         self.used = {int(i) for i in used.split(",")} if used else set()
         self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
