@@ -84,16 +84,22 @@ def resolve(cfg, device: torch.device, sizes: dict[str, tuple[int, int]]):
     __post_init__, so the filled-in sizes are checked too."""
     gpu = device.type == "cuda"
     fill = {k: v[0] if gpu else v[1] for k, v in sizes.items() if getattr(cfg, k) is None}
-    compile_ = cfg.compile
-    if getattr(cfg, "compile_mode", None) == "aot":
-        if compile_ is False:
-            raise ValueError(
-                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
-                "time (leave compile unset, or set it on)"
-            )
-        compile_ = True
+    compile_ = requested_compile(getattr(cfg, "compile_mode", None), cfg.compile)
     precision, capture, compile_ = resolve_runtime(device, cfg.precision, cfg.capture, compile_)
     return dataclasses.replace(cfg, precision=precision, capture=capture, compile=compile_, **fill)
+
+
+def requested_compile(compile_mode: str | None, compile_: bool | None) -> bool | None:
+    """The compile setting a config asks for: a `compile_mode` of "aot" turns it on, and is
+    refused with compile = False; otherwise `compile_` (None: the device decides)."""
+    if compile_mode != "aot":
+        return compile_
+    if compile_ is False:
+        raise ValueError(
+            "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
+            "time (leave compile unset, or set it on)"
+        )
+    return True
 
 
 def resolve_runtime(

@@ -41,7 +41,13 @@ from typing import Literal
 import torch
 from torch import nn
 
-from foxhunt.train.agents.common import Capture, Precision, on_streams, resolve_runtime
+from foxhunt.train.agents.common import (
+    Capture,
+    Precision,
+    on_streams,
+    requested_compile,
+    resolve_runtime,
+)
 from foxhunt.train.agents.supervised import (
     SupervisedAgent,
     classification_metrics,
@@ -156,13 +162,8 @@ class EnsembleConfig:
 
     def resolved(self, device: torch.device) -> EnsembleConfig:
         aot = self.compile_mode == "aot"
-        if aot and self.compile is False:
-            raise ValueError(
-                "compile_mode = 'aot' with compile = False: nothing would be compiled ahead of "
-                "time (leave compile unset, or set it on)"
-            )
         precision, capture, compile_ = resolve_runtime(
-            device, self.precision, self.capture, True if aot else self.compile
+            device, self.precision, self.capture, requested_compile(self.compile_mode, self.compile)
         )
         members = {m: (dataclasses.replace(getattr(self, m), compile_mode="aot") if aot
                        else getattr(self, m)).resolved(device) for m in self.members}  # fmt: skip
