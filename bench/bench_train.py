@@ -29,10 +29,11 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 `triton_target`),
 `-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL), `-optstep` (Adam's
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
-than `common.adam_step`), `-combo` (inductor's combo kernels: a graph's independent small
-kernels launched as one), `-aot` (the DQN's collection and learning steps, PPO's and PQN's
-minibatch step, a supervised model's training step, compiled ahead of time by AOTInductor,
-`compile_mode="aot"`, foxhunt.train.aot, rather than by torch.compile),
+than `common.adam_step`), `-nocombo` (without inductor's combo kernels, which launch a graph's
+independent small kernels as one: `dqn.COMBO_KERNELS`), `-aot` (the DQN's collection and
+learning steps, PPO's and PQN's minibatch step, a supervised model's training step, compiled
+ahead of time by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by
+torch.compile),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -73,12 +74,11 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-import torch._inductor.config as inductor_config
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import kernel_profile, results_path, standard_market
-from foxhunt.train.agents import AGENTS, c51_triton, common
+from foxhunt.train.agents import AGENTS, c51_triton, common, dqn
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
 from foxhunt.train.data import MarketData
@@ -199,7 +199,7 @@ def main() -> None:
     for variant in args.variants.split(","):
         # Each variant traces its own code: Dynamo reuses a compiled frame for another agent
         # wherever its guards pass, and they do not cover a switch that patches a function the
-        # frame calls (`-optstep`) or inductor's settings (`-combo`). Inductor's cache still
+        # frame calls (`-optstep`) or inductor's settings (`-nocombo`). Inductor's cache still
         # serves a variant built before it.
         torch._dynamo.reset()
         try:
@@ -299,10 +299,11 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     # -optstep: Adam's step through torch.optim's method, whose graph breaks cut the compiled
     # update in three, rather than `common.adam_step` (patched while the variant traces).
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
-    # -combo: inductor's combo kernels (independent small kernels of a graph launched as one).
+    # -nocombo: without inductor's combo kernels (independent small kernels of a graph
+    # launched as one).
     with (
         mock.patch.object(common, "adam_step", step),
-        mock.patch.object(inductor_config, "combo_kernels", "combo" in opts),
+        mock.patch.object(dqn, "COMBO_KERNELS", "nocombo" not in opts),
     ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 

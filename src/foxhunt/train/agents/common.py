@@ -122,8 +122,10 @@ COMPILED_PER_PROCESS = 64
 """Compiled versions of one agent method a process may hold (see `compiled`)."""
 
 
-def compiled(fn: Callable, **kw) -> Callable:
-    """torch.compile(fn, dynamic=False, **kw) for an agent's bound method.
+def compiled(fn: Callable, mode: str = "default", combo: bool = False) -> Callable:
+    """torch.compile(fn, dynamic=False, mode=mode) for an agent's bound method; `combo` adds
+    inductor's combo kernels (a graph's independent small kernels launched as one kernel: a
+    Triton option, which the DQN takes on a GPU).
 
     Static shapes: another agent in the process, at other sizes, compiles its own (automatic
     dynamic shapes hit a Dynamo guard error in torch 2.11). Dynamo guards a method on the
@@ -145,7 +147,12 @@ def compiled(fn: Callable, **kw) -> Callable:
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILED_PER_PROCESS)
     torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
-    return torch.compile(fn, dynamic=False, **kw)
+    if not combo:
+        return torch.compile(fn, dynamic=False, mode=mode)
+    import torch._inductor
+
+    options = {**torch._inductor.list_mode_options(mode), "combo_kernels": True}
+    return torch.compile(fn, dynamic=False, options=options)
 
 
 def autocast(precision: str, device: torch.device):

@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch.func import functional_call, vmap
 
+from foxhunt.train.agents import dqn
 from foxhunt.train.agents.common import adam_step, capture_restoring, compiled, view_params
 from foxhunt.train.agents.dqn import (
     NoisyLinear,
@@ -297,9 +298,10 @@ class StackedRainbow:
                       "env": tuple(vars(a0.env))}  # fmt: skip
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
-        self._loss_fn = compiled(self._losses) if self.cfg.compile else self._losses
-        self._update = compiled(self._update_record) if self.cfg.compile else self._update_record
-        self._collect_fn = compiled(self._collect_all) if self.cfg.compile else self._collect_all
+        jit = functools.partial(compiled, combo=self.device.type == "cuda" and dqn.COMBO_KERNELS)
+        self._loss_fn = jit(self._losses) if self.cfg.compile else self._losses
+        self._update = jit(self._update_record) if self.cfg.compile else self._update_record
+        self._collect_fn = jit(self._collect_all) if self.cfg.compile else self._collect_all
 
     def __len__(self) -> int:
         return len(self.agents)
