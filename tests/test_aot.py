@@ -320,7 +320,7 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     h.flat.copy_(torch.arange(8.0))
     h.out.zero_()
     path = aot.build(gm, [*bound.bases, torch.ones(8)], tmp_path / "toy.pt2")
-    loader = aot.Model(path, "cpu")
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
     loader.run([*bound.inputs, torch.full((8,), 3.0)])
     assert h.flat.tolist() == [3.0 * i for i in range(8)]
     assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]

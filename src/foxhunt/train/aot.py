@@ -23,18 +23,14 @@ package is kept per CPU model as well as per GPU.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import functools
 import hashlib
-import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 import warnings
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -434,40 +430,6 @@ INPUTS_KEY = "foxhunt_inputs"
 """A package's metadata entry: which of the agent's bases it takes (comma-separated indices)."""
 
 
-class Model:
-    """A package's model, loaded: its library extracted to a folder of the process's own and run
-    by AOTInductor's container runner, single-threaded (the form CUDA graph capture accepts:
-    the threaded container's calls are refused while a stream captures, pytorch PR 148601).
-
-    This is what torch's package loader does inside (AOTIModelPackageLoader: extract, then a
-    runner); here the steps are foxhunt's, because that loader ends the process on any package
-    under the torch 2.11 of the H200 image we measure on, where the runner works."""
-
-    def __init__(self, path: Path, device: str, index: int = -1):
-        self.dir = Path(tempfile.mkdtemp(prefix="foxhunt-aot-"))
-        atexit.register(shutil.rmtree, self.dir, True)
-        try:
-            with zipfile.ZipFile(path) as z:
-                z.extractall(self.dir)
-        except (zipfile.BadZipFile, OSError) as e:
-            raise ValueError(f"{path.name} is not a readable package ({e})") from e
-        libs = sorted(self.dir.glob("*/data/aotinductor/model/*.so"))
-        if len(libs) != 1:
-            raise ValueError(f"{path.name} holds {len(libs)} model libraries, not one")
-        lib = libs[0]
-        meta = lib.parent / lib.name.replace(".wrapper.so", ".wrapper_metadata.json")
-        self.metadata = json.loads(meta.read_text()) if meta.exists() else {}
-        if device == "cuda":
-            self.runner = torch._C._aoti.AOTIModelContainerRunnerCuda(
-                str(lib), 1, f"cuda:{index}", str(lib.parent), True
-            )
-        else:
-            self.runner = torch._C._aoti.AOTIModelContainerRunnerCpu(str(lib), 1)
-
-    def run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        return self.runner.run(inputs)
-
-
 class Step:
     """An agent's step compiled ahead of time: `step(*args)` runs it on the agent's tensors.
 
@@ -504,7 +466,7 @@ class Step:
             prune(self.path.parent, days, keep=self.path)
         else:
             mark_used(self.path)
-        used = self.loader.metadata[INPUTS_KEY]
+        used = self.loader.get_metadata()[INPUTS_KEY]
         self.used = {int(i) for i in used.split(",")} if used else set()
         self.inputs = [t for i, t in enumerate(self.bound.inputs) if i in self.used]
         self.watched = [s for s in self.bound.slots if s.base in self.used]  # what `check` reads
@@ -526,8 +488,11 @@ class Step:
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
-        loader = Model(self.path, dev.type, index)
-        if INPUTS_KEY not in loader.metadata:
+        # Single-threaded: the loader's default runs through a container whose threading a
+        # CUDA graph capture refuses ("operation not permitted when stream is capturing",
+        # pytorch PR 148601, which added this form for CUDA graphs).
+        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1, index)
+        if INPUTS_KEY not in loader.get_metadata():
             raise ValueError(f"the package has no {INPUTS_KEY} entry")
         return loader
 
