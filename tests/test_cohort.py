@@ -295,6 +295,30 @@ def test_compiled_methods_of_many_agents_all_stay_compiled():
     assert len(graphs) == 10 * per_agent  # every agent compiled, none fell back to eager
 
 
+def test_combo_kernels_join_the_mode_s_options(monkeypatch):
+    """A GPU DQN's compiled steps ask inductor for combo kernels on top of their mode's options
+    (torch.compile refuses a mode and options together); on a CPU they ask for none."""
+    from foxhunt.train.agents import common, dqn
+
+    calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or fn)
+    common.compiled(len, combo=True, mode="max-autotune-no-cudagraphs")
+    common.compiled(len, combo=True)
+    common.compiled(len, mode="default")
+    autotune = {"max_autotune": True, "coordinate_descent_tuning": True}
+    assert calls == [
+        {"dynamic": False, "options": {**autotune, "combo_kernels": True}},
+        {"dynamic": False, "options": {"combo_kernels": True}},
+        {"dynamic": False, "mode": "default"},
+    ]  # fmt: skip
+    calls.clear()
+    cfg = DQNConfig(hidden=(16,), head_hidden=8, envs=4, batch_size=8, replay_capacity=64,
+                    compile=True)  # fmt: skip
+    RainbowAgent(cfg, EnvConfig(episode_bars=32), random_market(), 0)
+    assert dqn.COMBO_KERNELS and len(calls) == 3
+    assert not any("combo_kernels" in kw.get("options", {}) for kw in calls)  # on the CPU
+
+
 @pytest.mark.parametrize("model", ["dqn", "ppo", "pqn"])
 def test_weight_decay_is_adamws_and_zero_is_plain_adam(model):
     """`weight_decay` w: each step multiplies the weights by 1 - lr * w before Adam's update.

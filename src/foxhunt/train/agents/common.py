@@ -122,8 +122,8 @@ COMPILED_PER_PROCESS = 64
 """Compiled versions of one agent method a process may hold (see `compiled`)."""
 
 
-def compiled(fn: Callable, mode: str = "default", combo: bool = False) -> Callable:
-    """torch.compile(fn, dynamic=False, mode=mode) for an agent's bound method; `combo` adds
+def compiled(fn: Callable, combo: bool = False, **kw) -> Callable:
+    """torch.compile(fn, dynamic=False, **kw) for an agent's bound method; `combo` adds
     inductor's combo kernels (a graph's independent small kernels launched as one kernel: a
     Triton option, which the DQN takes on a GPU).
 
@@ -147,12 +147,12 @@ def compiled(fn: Callable, mode: str = "default", combo: bool = False) -> Callab
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILED_PER_PROCESS)
     torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
-    if not combo:
-        return torch.compile(fn, dynamic=False, mode=mode)
-    import torch._inductor
+    if combo:  # torch.compile takes a mode or options, not both
+        import torch._inductor
 
-    options = {**torch._inductor.list_mode_options(mode), "combo_kernels": True}
-    return torch.compile(fn, dynamic=False, options=options)
+        mode = kw.pop("mode", None) or "default"
+        kw["options"] = {**torch._inductor.list_mode_options(mode), "combo_kernels": True}
+    return torch.compile(fn, dynamic=False, **kw)
 
 
 def autocast(precision: str, device: torch.device):
