@@ -3,7 +3,8 @@
 # image's steps chained on a tiny demo set, each writing only under one work directory (the
 # root filesystem may be read-only in a pod; caches go to /tmp by the image's environment).
 #   images/smoke.sh cpu [WORK]     synth -> ingest -> precompute -> folds -> train -> report
-#   images/smoke.sh gpu            the imports the train step needs (torch, triton)
+#   images/smoke.sh gpu            the imports the train step needs (torch, triton), its C++
+#                                  compiler
 #   images/smoke.sh mlflow         the MLflow server's command line
 set -eu
 what=${1:?cpu, gpu or mlflow}
@@ -29,6 +30,8 @@ cpu)
 gpu)
     foxhunt --help >/dev/null
     python -c "import torch, triton, kfp.dsl.executor_main, foxhunt.train; print('imports: torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__, '; CUDA device here:', torch.cuda.is_available())"
+    # The compiler AOTInductor builds the steps compiled ahead of time with.
+    python -c "from torch._inductor.cpp_builder import get_cpp_compiler; print('C++ compiler:', get_cpp_compiler())"
     ;;
 mlflow)
     mlflow server --help >/dev/null

@@ -289,6 +289,18 @@ def test_packages_loaded_are_marked_used_and_unused_ones_pruned(cache, tmp_path,
     assert aot.keep_days() == 7
 
 
+def test_a_build_without_a_cpp_compiler_is_refused_before_the_trace(cache, monkeypatch):
+    """The CPU image has no C++ compiler: a step to build there stops at once, saying what to
+    do, rather than after its trace with inductor's error."""
+    import torch._inductor.config as inductor_config
+
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
+    monkeypatch.setattr(aot, "trace", lambda *a: pytest.fail("traced"))
+    other = dataclasses.replace(CFG, hidden=(24, 24))  # a package the cache does not hold
+    with pytest.raises(RuntimeError, match="aot: building dqn-learn needs a C\\+\\+ compiler"):
+        train(other, epochs=1)
+
+
 def test_a_replaced_tensor_is_refused_by_name(cache):
     agent = train(CFG, epochs=1)
     agent.z = agent.z.clone()  # a package reads the tensors it was loaded with

@@ -48,6 +48,16 @@ def test_dockerfile_structure(kind):
     assert re.search(r"org\.opencontainers\.image\.title=\"foxhunt-" + kind, text)
 
 
+def test_the_gpu_image_has_the_compilers_its_compiled_steps_need():
+    """torch.compile's Triton launcher is C (gcc), the steps compiled ahead of time are C++
+    that AOTInductor builds with g++ (compile_mode "aot"); the image checks the compiler when
+    smoke-tested."""
+    run_stage = DOCKERFILES["gpu"].read_text().rsplit("FROM ", 1)[1]
+    installs = " ".join(re.findall(r"apt-get install ([^&]+)", run_stage)).split()
+    assert {"gcc", "g++", "libc6-dev"} <= set(installs)
+    assert "get_cpp_compiler" in (REPO / "images" / "smoke.sh").read_text()
+
+
 def lock_pins(name: str) -> dict[str, list[str]]:
     """A uv-compiled lock: package==version followed by its --hash lines."""
     pins: dict[str, list[str]] = {}

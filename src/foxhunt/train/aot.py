@@ -338,6 +338,21 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     return path
 
 
+def check_compiler(name: str) -> None:
+    """AOTInductor builds a package as C++, with inductor's compiler (g++, or $CXX): a task
+    without one is stopped before the trace, not after it."""
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception as e:
+        raise RuntimeError(
+            f"aot: building {name} needs a C++ compiler, and none works here ({e}); install g++ "
+            "(foxhunt's GPU image has it), point CXX at one, or train with compile_mode "
+            "'default'"
+        ) from e
+
+
 def cache_dir() -> Path:
     """Where packages go: beside inductor's cache (the compile cache a task was pointed at:
     foxhunt.train.core.use_compile_cache), else the system's temporary folder."""
@@ -453,6 +468,7 @@ class Step:
         self.built = self.loader is None
         if self.built:
             days = keep_days()  # a bad setting is refused before the build, not after
+            check_compiler(name)
             saved = prepare()
             try:
                 gm = trace(self.bound, body, args)
