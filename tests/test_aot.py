@@ -294,11 +294,38 @@ def test_a_build_without_a_cpp_compiler_is_refused_before_the_trace(cache, monke
     do, rather than after its trace with inductor's error."""
     import torch._inductor.config as inductor_config
 
-    monkeypatch.setattr(inductor_config.cpp, "cxx", (None, "/nonexistent/g++"))
     monkeypatch.setattr(aot, "trace", lambda *a: pytest.fail("traced"))
     other = dataclasses.replace(CFG, hidden=(24, 24))  # a package the cache does not hold
-    with pytest.raises(RuntimeError, match="aot: building dqn-learn needs a C\\+\\+ compiler"):
+    with (
+        inductor_config.patch({"cpp.cxx": (None, "/nonexistent/g++")}),
+        pytest.raises(RuntimeError, match="aot: building dqn-learn needs a C\\+\\+ compiler"),
+    ):
         train(other, epochs=1)
+    assert inductor_config.cpp.cxx != (None, "/nonexistent/g++")
+
+
+def test_a_loader_that_crashes_stops_the_task_with_an_error_not_a_signal(cache, monkeypatch):
+    """torch's loader is tried on a package in a process of its own, once per torch and
+    machine: where it ends that process (torch 2.11 on the H200 image: SIGSEGV on any package),
+    the task stops with an error naming the cause; where it fails without a crash (a package
+    that does not load), the package is built again; a success leaves a marker, so a warm task
+    starts no process."""
+    train(CFG, epochs=1)  # the packages are there, the loader checked
+    markers = list(cache.glob("foxhunt-aot/loader-ok-*"))
+    assert len(markers) == 1
+    markers[0].unlink()
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(aot, "LOADER_CHECK", crash)
+    with pytest.raises(aot.LoaderCrash, match=r"ends the process \(signal 11\).*compile_mode"):
+        train(CFG, epochs=1)
+    assert not markers[0].exists()
+
+    monkeypatch.setattr(aot, "LOADER_CHECK", "raise SystemExit('no model in it')")
+    with pytest.raises(ValueError, match=r"x\.pt2 does not load: no model in it"):
+        aot.check_loader(cache / "x.pt2", -1)
+    monkeypatch.undo()
+    assert not train(CFG, epochs=1).learn_aot.built  # the real check, passed again
+    assert markers[0].exists()
 
 
 def test_a_replaced_tensor_is_refused_by_name(cache):

@@ -26,8 +26,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -441,6 +444,51 @@ def prune(folder: Path, days: float, keep: Path | None = None) -> list[Path]:
     return removed
 
 
+def loader_args(path: Path, index: int) -> tuple:
+    """torch's package loader's arguments: the model in the package, loaded single-threaded
+    (the loader's default runs through a container whose threading a CUDA graph capture
+    refuses: "operation not permitted when stream is capturing", pytorch PR 148601, which
+    added this form for CUDA graphs), on GPU `index` (-1: the CPU)."""
+    return str(path), "model", True, 1, index
+
+
+class LoaderCrash(RuntimeError):
+    """Loading a package ends the process here (torch's loader, not the package, is at fault)."""
+
+
+LOADER_CHECK = """
+import json, sys, torch
+torch._C._aoti.AOTIModelPackageLoader(*json.loads(sys.argv[1]))
+"""
+
+
+def check_loader(path: Path, index: int) -> None:
+    """Load `path` in a process of its own first, once per torch version and machine (a marker
+    file in the cache after the first success). Where torch's loader crashes (the torch
+    2.11.0+cu130 of the H200 image we measure on ends the process with SIGSEGV on any package,
+    in the package's own constructor) the task stops with an error saying so, rather than dying
+    with the signal on every retry; a package that fails to load without a crash is built
+    again by the caller."""
+    machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
+    key = hashlib.sha256(f"{torch.__version__}\n{machine}".encode()).hexdigest()[:16]
+    marker = path.parent / f"loader-ok-{key}"
+    if marker.exists():
+        return
+    args = json.dumps(loader_args(path, index))
+    p = subprocess.run([sys.executable, "-c", LOADER_CHECK, args], capture_output=True, text=True)
+    if p.returncode < 0:
+        raise LoaderCrash(
+            f"aot: loading {path.name} ends the process (signal {-p.returncode}) under torch "
+            f"{torch.__version__}, checked in a process of its own; its loader cannot run this "
+            "machine's packages: train with compile_mode 'default'"
+        )
+    if p.returncode != 0:
+        tail = p.stderr.strip().splitlines()[-1:] or ["no message"]
+        raise ValueError(f"{path.name} does not load: {tail[0]}")
+    with contextlib.suppress(OSError):  # a cache mounted read-only checks each time
+        marker.touch()
+
+
 INPUTS_KEY = "foxhunt_inputs"
 """A package's metadata entry: which of the agent's bases it takes (comma-separated indices)."""
 
@@ -494,6 +542,8 @@ class Step:
             return None
         try:
             return self._load()
+        except LoaderCrash:
+            raise
         except Exception as e:
             log.warning("aot: %s could not be loaded (%s: %s); building it again",
                         self.path.name, type(e).__name__, e)  # fmt: skip
@@ -504,10 +554,8 @@ class Step:
         index = dev.index if dev.type == "cuda" and dev.index is not None else -1
         if dev.type == "cuda" and index < 0:
             index = torch.cuda.current_device()
-        # Single-threaded: the loader's default runs through a container whose threading a
-        # CUDA graph capture refuses ("operation not permitted when stream is capturing",
-        # pytorch PR 148601, which added this form for CUDA graphs).
-        loader = torch._C._aoti.AOTIModelPackageLoader(str(self.path), "model", True, 1, index)
+        check_loader(self.path, index)
+        loader = torch._C._aoti.AOTIModelPackageLoader(*loader_args(self.path, index))
         if INPUTS_KEY not in loader.get_metadata():
             raise ValueError(f"the package has no {INPUTS_KEY} entry")
         return loader
