@@ -115,9 +115,9 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Ten
             if f_new <= f or t < 1e-8:
                 break
             t /= 2
-        moved = (w_new - w).abs().max() <= 1e-12 * (1 + w.abs().max())
+        settled = (w_new - w).abs().max() <= 1e-12 * (1 + w.abs().max())
         w, f = w_new, f_new
-        if moved:
+        if settled:  # the step no longer moves the weights
             break
     return w
 
