@@ -4,7 +4,7 @@
 # root filesystem may be read-only in a pod; caches go to /tmp by the image's environment).
 #   images/smoke.sh cpu [WORK]     synth -> ingest -> precompute -> folds -> train -> report
 #   images/smoke.sh gpu            the imports the train step needs (torch, triton), its C++
-#                                  compiler
+#                                  compiler, a toy package compiled ahead of time and loaded
 #   images/smoke.sh mlflow         the MLflow server's command line
 set -eu
 what=${1:?cpu, gpu or mlflow}
@@ -30,8 +30,10 @@ cpu)
 gpu)
     foxhunt --help >/dev/null
     python -c "import torch, triton, kfp.dsl.executor_main, foxhunt.train; print('imports: torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__, '; CUDA device here:', torch.cuda.is_available())"
-    # The compiler AOTInductor builds the steps compiled ahead of time with.
+    # The compiler AOTInductor builds the steps compiled ahead of time with, and torch's loader
+    # of what it builds: a toy package built and loaded, each in a process of its own.
     python -c "from torch._inductor.cpp_builder import get_cpp_compiler; print('C++ compiler:', get_cpp_compiler())"
+    python -m foxhunt.train.aot_probe
     ;;
 mlflow)
     mlflow server --help >/dev/null

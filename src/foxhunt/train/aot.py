@@ -480,7 +480,8 @@ def check_loader(path: Path, index: int) -> None:
         raise LoaderCrash(
             f"aot: loading {path.name} ends the process (signal {-p.returncode}) under torch "
             f"{torch.__version__}, checked in a process of its own; its loader cannot run this "
-            "machine's packages: train with compile_mode 'default'"
+            "machine's packages: train with compile_mode 'default' (`python -m "
+            "foxhunt.train.aot_probe --explain` tells why)"
         )
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["no message"]

@@ -1,0 +1,102 @@
+"""The ahead-of-time loader's probe (foxhunt.train.aot_probe): a toy package built and loaded in
+processes of their own, and the failure it was written for told apart. Here the failure is
+made: a library carrying its own copy of libstdc++'s locale code, preloaded before the
+system's, takes the package's locale references (the package then fails in its constructor);
+preloading the system's libstdc++ first is the fix the probe tries."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from foxhunt.train import aot_probe
+
+DUP = r"""
+#include <locale>
+#include <string>
+extern "C" int dup_transform() {
+    const auto& c = std::use_facet<std::collate<char>>(std::locale::classic());
+    std::string s = "ab";
+    return (int)c.transform(s.data(), s.data() + 2).size();
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory):
+    work = tmp_path_factory.mktemp("aot-probe")
+    pkg, err = aot_probe.build(work, "plain", "cpu")
+    assert not err, err
+    return work, pkg
+
+
+def second_stdcxx(folder) -> str:
+    """A shared library linked with libstdc++ static: its locale symbols are its own, exported."""
+    if not shutil.which("g++"):
+        pytest.skip("no g++")
+    src, lib = folder / "dup.cpp", folder / "libdup.so"
+    src.write_text(DUP)
+    subprocess.run(["g++", "-shared", "-fPIC", "-O1", "-static-libstdc++", "-o", str(lib),
+                    str(src)], check=True)  # fmt: skip
+    return str(lib)
+
+
+def system_stdcxx() -> str:
+    return aot_probe.compiler_facts()["compiler's libstdc++"]
+
+
+def test_the_toy_package_loads_here_and_the_loaders_bindings_are_read(toy):
+    work, pkg = toy
+    assert aot_probe.load(pkg, -1) == (0, "")
+    lines = aot_probe.bindings_before_crash(pkg, -1, work / "ld" / "log")
+    assert lines and all(" -> " in ln for ln in lines)
+    assert any(ln.endswith("-> the package") for ln in lines)  # its own regex code
+    assert any("std::locale" in ln and "libstdc++.so" in ln for ln in lines)
+
+
+def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_load(
+        toy, monkeypatch):  # fmt: skip
+    """A library with its own locale code, opened into the global scope after torch (as torch
+    opens its CUDA libraries), takes the package's references to the symbols it defines; the
+    rest go to the system's libstdc++, and the two copies' locale ids disagree."""
+    work, pkg = toy
+    dup = second_stdcxx(work)
+    opened = f"import ctypes, os; ctypes.CDLL({dup!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)\n"
+    code = "from foxhunt.train import aot_probe; print(aot_probe.second_copies())"
+    found = subprocess.run([sys.executable, "-c", "import torch\n" + opened + code],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "libdup.so" in found and "_ZNSt7collateIcE2idE" in found
+    clean = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    assert "libdup.so" not in clean
+
+    monkeypatch.setattr(aot_probe, "LOAD", "import torch\n" + opened + aot_probe.LOAD)
+    rc, tail = aot_probe.load(pkg, -1)
+    assert rc != 0 and ("bad_cast" in tail or rc < 0), (rc, tail)
+    assert aot_probe.load(pkg, -1, {"LD_PRELOAD": system_stdcxx()}) == (0, "")
+
+
+def test_a_load_that_crashes_is_reported_not_suffered(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(aot_probe, "build", lambda work, name, device, cxx=None: (work / "x", ""))
+    monkeypatch.setattr(
+        aot_probe, "LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    )
+    assert aot_probe.main(["--device", "cpu", "--keep", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "CRASH (signal 11)" in out and "--explain" in out
+
+
+def test_a_link_flag_wrapper_adds_its_flags_to_shared_links_only(tmp_path):
+    log = tmp_path / "args"
+    fake = tmp_path / "fake" / "g++"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    w = aot_probe.wrapper(tmp_path / "w", str(fake), ["-Wl,-Bsymbolic"])
+    assert w.endswith("/g++")  # inductor picks its flags by the compiler's name
+    subprocess.run([w, "-c", "a.cpp", "-o", "a.o"], check=True)
+    subprocess.run([w, "a.o", "-shared", "-o", "a.so"], check=True)
+    assert log.read_text().splitlines() == ["-c a.cpp -o a.o", "a.o -shared -o a.so -Wl,-Bsymbolic"]
