@@ -434,27 +434,68 @@ def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused(cf
             dataclasses.replace(cfg, distribution="iqn").resolved(cpu)
 
 
-def test_flat_adam_holds_what_torch_s_adam_holds():
-    """The optimiser of an agent compiled ahead of time (built without torch.optim, whose
-    constructor imports torch._dynamo): the same settings as torch.optim.Adam's and its state
-    as torch's Adam makes it at its first step (capturable: the step count on the device)."""
-    from foxhunt.train.agents.common import FlatAdam, ensure_adam_state
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_flat_adam_holds_and_steps_as_torch_s_adam(decoupled):
+    """The optimiser of an agent not compiled by torch.compile (built without torch.optim,
+    whose constructor imports torch._dynamo): torch.optim.Adam's settings, its state as torch's
+    Adam makes it at its first step (capturable: the step count on the device; else on the
+    host), and, uncompiled, the same weights and state as torch's Adam.step, bit for bit, over
+    steps with gradients of their own."""
+    from foxhunt.train.agents.common import FlatAdam, adam_step, ensure_adam_state
 
-    flat = torch.randn(10, requires_grad=True)
-    kw = dict(lr=3e-4, eps=1e-6, weight_decay=0.5, decoupled_weight_decay=True, foreach=True)
-    ours = FlatAdam(flat, **kw)
-    theirs = torch.optim.Adam([flat], capturable=True, **kw)
-    assert ours.defaults == theirs.defaults
-    assert ours.param_groups[0].keys() == theirs.param_groups[0].keys()
-    assert ours.param_groups[0]["params"][0] is flat
-    flat.grad = torch.zeros_like(flat)
-    theirs.param_groups[0]["capturable"] = False  # on a CPU torch steps only this form
-    ensure_adam_state(theirs, flat)
-    a, b = ours.state[flat], theirs.state[flat]
-    assert a.keys() == b.keys()
-    for k in a:
-        assert (a[k].dtype, a[k].shape, a[k].device) == (b[k].dtype, b[k].shape, b[k].device), k
-        assert not a[k].any(), k
+    kw = dict(lr=3e-4, eps=1e-6, weight_decay=0.5, decoupled_weight_decay=decoupled, foreach=True)
+    for capturable in (True, False):
+        flat = torch.randn(10, requires_grad=True)
+        ours = FlatAdam(flat, capturable=capturable, **kw)
+        theirs = torch.optim.Adam([flat], capturable=capturable, **kw)
+        assert ours.defaults == theirs.defaults
+        assert ours.param_groups[0].keys() == theirs.param_groups[0].keys()
+        assert ours.param_groups[0]["params"][0] is flat
+        flat.grad = torch.zeros_like(flat)
+        theirs.param_groups[0]["capturable"] = False  # on a CPU torch steps only this form
+        ensure_adam_state(theirs, flat)
+        theirs.param_groups[0]["capturable"] = capturable
+        a, b = ours.state[flat], theirs.state[flat]
+        assert a.keys() == b.keys()
+        for k in a:
+            assert (a[k].dtype, a[k].shape, a[k].device) == (b[k].dtype, b[k].shape, b[k].device)
+            assert not a[k].any(), k
+
+    g = torch.Generator().manual_seed(0)
+    w0 = torch.randn(1000, generator=g)
+    grads = [torch.randn(1000, generator=g) for _ in range(5)]
+    runs = []
+    for make in (lambda p: FlatAdam(p, capturable=False, **kw),
+                 lambda p: torch.optim.Adam([p], **kw)):  # fmt: skip
+        p = w0.clone().requires_grad_()
+        opt = make(p)
+        for grad in grads:
+            p.grad = grad.clone()
+            adam_step(opt, p) if isinstance(opt, FlatAdam) else opt.step()
+        runs.append([p.detach(), *opt.state[p].values()])
+    for ours, theirs in zip(*runs, strict=True):
+        assert torch.equal(ours, theirs)
+    assert not torch.equal(runs[0][0], w0)
+
+
+def test_an_uncompiled_task_does_not_import_the_compiler():
+    """Agents trained uncompiled (the CPU's default) build no torch optimiser, whose
+    constructor imports torch._dynamo (a second on the 2-core VM)."""
+    code = f"""
+import sys, dataclasses, torch
+sys.path[:0] = {sys.path!r}
+from test_aot import CFG, ON_POLICY, train, train_on_policy, train_supervised
+from foxhunt.train.models.ensemble import fit_weights
+from foxhunt.train.models.tlob import TLOBConfig
+train(dataclasses.replace(CFG, compile=False, compile_mode="default"), epochs=1)
+train_on_policy("ppo", compile_mode="default", epochs=1)
+train_supervised(TLOBConfig(window=16, batch_size=32, steps=2, hidden=16, layers=1, compile=False))
+fit_weights(torch.full((2, 10, 3), 1 / 3), torch.zeros(10, dtype=torch.long), steps=2)
+print(sorted(m for m in sys.modules if m.startswith(("torch._dynamo", "torch._inductor"))))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.strip().splitlines()[-1] == "[]", "torch's compiler imported"
 
 
 def test_the_evaluation_step_compiled_ahead_of_time_walks_as_the_uncompiled_one(cache):

@@ -406,12 +406,17 @@ def test_an_agents_compiled_update_is_one_graph(model):
     if model == "dqn-stacked":
         agent = StackedRainbow(agents)
         agent._update = compiled(agent._update_record, backend=backend)
-    elif model == "dqn":
-        agent = agents[0]
-        agent.update_fn = compiled(agent._step_update, backend=backend)
-    else:
-        agent = agents[0]
-        agent._step = compiled(agent._step, backend=backend)
+    else:  # the optimiser an agent compiled by torch.compile builds: torch.optim's, Dynamo's
+        agent = agents[0]  # to trace (an uncompiled agent's, common.FlatAdam, is not)
+        d = agent.opt.defaults
+        keys = ("lr", "eps", "weight_decay", "decoupled_weight_decay", "foreach", "capturable")
+        opt = torch.optim.Adam([agent.flat], **{k: d[k] for k in keys})
+        opt.state[agent.flat] = dict(agent.opt.state[agent.flat])
+        agent.opt = opt
+        if model == "dqn":
+            agent.update_fn = compiled(agent._step_update, backend=backend)
+        else:
+            agent._step = compiled(agent._step, backend=backend)
     agent.collect()
     agent.learn()
     assert len(graphs) == 1, [g.code[:200] for g in graphs]

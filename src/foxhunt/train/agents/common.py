@@ -239,23 +239,27 @@ def ensure_adam_state(opt: torch.optim.Optimizer, flat: torch.Tensor) -> None:
 
 class FlatAdam:
     """Adam's settings and state for one flat parameter, held as torch.optim.Adam holds them
-    (`defaults`, `param_groups`, `state`, the state made at once), for an agent whose steps
-    are compiled ahead of time (foxhunt.train.aot): building a torch optimiser imports
-    torch._dynamo (a second on the 2-core VM, about five on the H200's hosts), which such a
-    task needs for nothing else. Its step is `adam_step`'s, torch.optim.adam.adam, in the
-    capturable form (the step count a tensor on the device), traced into the package. Its
-    settings and state equal torch.optim.Adam's (tests/test_aot.py)."""
+    (`defaults`, `param_groups`, `state`, the state made at once), for a step that is not
+    compiled by torch.compile: uncompiled, or compiled ahead of time (foxhunt.train.aot, where
+    it is traced into the package). Building a torch optimiser imports torch._dynamo (a second
+    on the 2-core VM, about five on the H200's hosts), which such a task needs for nothing
+    else. Its step is `adam_step`'s, torch.optim.adam.adam with the arguments torch's Adam
+    passes, so the same arithmetic bit for bit; `capturable` as torch's (on a GPU and ahead
+    of time the step count a tensor on the device, else on the host). Its settings and state
+    equal torch.optim.Adam's (tests/test_aot.py)."""
 
     def __init__(self, flat: torch.Tensor, *, lr: float | torch.Tensor, eps: float,
-                 weight_decay: float, decoupled_weight_decay: bool, foreach: bool):  # fmt: skip
+                 weight_decay: float, decoupled_weight_decay: bool, foreach: bool | None,
+                 capturable: bool = True):  # fmt: skip
         self.defaults = dict(
             lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=weight_decay, amsgrad=False,
-            maximize=False, foreach=foreach, capturable=True, differentiable=False, fused=None,
-            decoupled_weight_decay=decoupled_weight_decay,
+            maximize=False, foreach=foreach, capturable=capturable, differentiable=False,
+            fused=None, decoupled_weight_decay=decoupled_weight_decay,
         )  # fmt: skip
         self.param_groups = [{"params": [flat], **self.defaults}]
         zeros = functools.partial(torch.zeros_like, flat, memory_format=torch.preserve_format)
-        step = torch.zeros((), dtype=torch.get_default_dtype(), device=flat.device)
+        scalar = torch.get_default_dtype()  # torch.optim's scalar dtype for the step count
+        step = torch.zeros((), dtype=scalar, device=flat.device if capturable else "cpu")
         self.state = {flat: {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}}
 
 

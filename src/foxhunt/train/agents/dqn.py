@@ -758,8 +758,9 @@ class RainbowAgent(FlatGrad, AgentState):
             decoupled_weight_decay=True,
             foreach=cfg.compile or dev.type != "cuda",
         )
-        self.opt = FlatAdam(self.flat, **adam) if self.aot else torch.optim.Adam(
-            [self.flat], capturable=dev.type == "cuda", **adam)  # fmt: skip
+        cap = self.aot or dev.type == "cuda"
+        self.opt = torch.optim.Adam([self.flat], capturable=cap, **adam) if jit else \
+            FlatAdam(self.flat, capturable=cap, **adam)  # fmt: skip
         # On a GPU inductor launches a compiled graph's independent small kernels as one (its
         # combo kernels): the standard epoch 0.229 s against 0.252 s, 0.253 s against 0.285 s
         # at the GPU defaults (H200, 2026-12-05, bench_train's -nocombo).

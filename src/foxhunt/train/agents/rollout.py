@@ -161,8 +161,10 @@ class OnPolicyAgent(FlatGrad, AgentState):
         self.minibatch_aot: aot.Step | None = None  # built at the first minibatch
         adam = dict(lr=self.lr, eps=adam_eps, weight_decay=cfg.weight_decay,
                     decoupled_weight_decay=True, foreach=False)  # fmt: skip
-        self.opt = FlatAdam(self.flat, **adam) if self.aot else torch.optim.Adam(
-            [self.flat], capturable=dev.type == "cuda", **adam)  # fmt: skip
+        cap = self.aot or dev.type == "cuda"
+        jit = cfg.compile and not self.aot
+        self.opt = torch.optim.Adam([self.flat], capturable=cap, **adam) if jit else \
+            FlatAdam(self.flat, capturable=cap, **adam)  # fmt: skip
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.state = Observation(data, env_cfg.memory_decay)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)

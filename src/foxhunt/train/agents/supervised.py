@@ -331,8 +331,10 @@ class SupervisedAgent(FlatGrad, AgentState):
         self.aot = cfg.compile and cfg.compile_mode == "aot"
         self.step_aot: aot.Step | None = None  # built at the first step
         adamw = dict(lr=self.lr, eps=1e-8, weight_decay=cfg.weight_decay, foreach=False)
-        self.opt = FlatAdam(self.flat, decoupled_weight_decay=True, **adamw) if self.aot else \
-            torch.optim.AdamW([self.flat], capturable=dev.type == "cuda", **adamw)  # fmt: skip
+        cap = self.aot or dev.type == "cuda"
+        jit = cfg.compile and not self.aot
+        self.opt = torch.optim.AdamW([self.flat], capturable=cap, **adamw) if jit else \
+            FlatAdam(self.flat, decoupled_weight_decay=True, capturable=cap, **adamw)  # fmt: skip
         n = data.n
         self.ret_h = horizon_returns(data, cfg.horizon)
         self.labels = torch.ones(n, dtype=torch.long, device=dev)  # set per fold

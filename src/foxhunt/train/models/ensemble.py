@@ -43,7 +43,9 @@ from torch import nn
 
 from foxhunt.train.agents.common import (
     Capture,
+    FlatAdam,
     Precision,
+    adam_step,
     on_streams,
     requested_compile,
     resolve_runtime,
@@ -190,14 +192,16 @@ def fit_weights(probs: torch.Tensor, labels: torch.Tensor, steps: int = 200) -> 
     weights; deterministic."""
     p = probs.detach().double()
     logits = torch.zeros(p.shape[0], dtype=torch.float64, device=p.device, requires_grad=True)
-    opt = torch.optim.Adam([logits], lr=0.1)
+    # torch.optim.Adam(lr=0.1)'s step, without building a torch optimiser (common.FlatAdam).
+    opt = FlatAdam(logits, lr=0.1, eps=1e-8, weight_decay=0.0, decoupled_weight_decay=False,
+                   foreach=None, capturable=False)  # fmt: skip
     rows = torch.arange(len(labels), device=p.device)
     for _ in range(steps):
         mix = torch.einsum("k,knc->nc", torch.softmax(logits, 0), p)
         loss = -torch.log(mix[rows, labels].clamp_min(1e-12)).mean()
-        opt.zero_grad()
+        logits.grad = None
         loss.backward()
-        opt.step()
+        adam_step(opt, logits)
     return torch.softmax(logits.detach(), 0).float()
 
 
