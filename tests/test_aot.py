@@ -304,13 +304,17 @@ def test_a_build_without_a_cpp_compiler_is_refused_before_the_trace(cache, monke
     assert inductor_config.cpp.cxx != (None, "/nonexistent/g++")
 
 
-def test_a_loader_that_crashes_stops_the_task_with_an_error_not_a_signal(cache, monkeypatch):
+def test_a_loader_that_crashes_stops_the_task_with_an_error_not_a_signal(
+        cache, monkeypatch, tmp_path):  # fmt: skip
     """torch's loader is tried on a package in a process of its own, once per torch and
     machine: where it ends that process (torch 2.11 on the H200 image: SIGSEGV on any package),
     the task stops with an error naming the cause; where it fails without a crash (a package
     that does not load), the package is built again; a success leaves a marker, so a warm task
     starts no process."""
+    import tempfile
+
     train(CFG, epochs=1)  # the packages are there, the loader checked
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # no marker of another run there
     markers = list(cache.glob("foxhunt-aot/loader-ok-*"))
     assert len(markers) == 1
     markers[0].unlink()
@@ -326,6 +330,36 @@ def test_a_loader_that_crashes_stops_the_task_with_an_error_not_a_signal(cache, 
     monkeypatch.undo()
     assert not train(CFG, epochs=1).learn_aot.built  # the real check, passed again
     assert markers[0].exists()
+
+
+def test_a_read_only_cache_keeps_the_loaders_mark_in_the_temporary_folder(
+        cache, monkeypatch, tmp_path):  # fmt: skip
+    """Where the marker cannot be written beside the packages (a cache volume mounted
+    read-only), it goes to the temporary folder: the next task starts no process either."""
+    import tempfile
+    from pathlib import Path
+
+    train(CFG, epochs=1)
+    pkg = next(cache.glob("foxhunt-aot/*.pt2"))
+    for m in cache.glob("foxhunt-aot/loader-ok-*"):
+        m.unlink()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    touch = Path.touch
+
+    def read_only(self, *a, **k):
+        if self.parent == pkg.parent:
+            raise PermissionError(13, "Read-only file system", str(self))
+        return touch(self, *a, **k)
+
+    monkeypatch.setattr(Path, "touch", read_only)
+    runs = []
+    run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or run(*a, **k))
+    aot.check_loader(pkg, -1)
+    aot.check_loader(pkg, -1)
+    assert len(runs) == 1
+    assert len(list(tmp_path.glob("foxhunt-aot-loader-ok-*"))) == 1
+    assert not list(cache.glob("foxhunt-aot/loader-ok-*"))
 
 
 def test_a_replaced_tensor_is_refused_by_name(cache):

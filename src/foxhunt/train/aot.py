@@ -464,15 +464,20 @@ torch._C._aoti.AOTIModelPackageLoader(*json.loads(sys.argv[1]))
 
 def check_loader(path: Path, index: int) -> None:
     """Load `path` in a process of its own first, once per torch version and machine (a marker
-    file in the cache after the first success). Where torch's loader crashes (the torch
+    file after the first success: beside the packages, or in the temporary folder where the
+    cache is mounted read-only). Where torch's loader crashes (the torch
     2.11.0+cu130 of the H200 image we measure on ends the process with SIGSEGV on any package,
     in the package's own constructor) the task stops with an error saying so, rather than dying
     with the signal on every retry; a package that fails to load without a crash is built
     again by the caller."""
     machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
     key = hashlib.sha256(f"{torch.__version__}\n{machine}".encode()).hexdigest()[:16]
-    marker = path.parent / f"loader-ok-{key}"
-    if marker.exists():
+    # Beside the packages; where the cache is mounted read-only, in the temporary folder.
+    markers = [
+        path.parent / f"loader-ok-{key}",
+        Path(tempfile.gettempdir()) / f"foxhunt-aot-loader-ok-{key}",
+    ]
+    if any(m.exists() for m in markers):
         return
     args = json.dumps(loader_args(path, index))
     p = subprocess.run([sys.executable, "-c", LOADER_CHECK, args], capture_output=True, text=True)
@@ -486,8 +491,12 @@ def check_loader(path: Path, index: int) -> None:
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["no message"]
         raise ValueError(f"{path.name} does not load: {tail[0]}")
-    with contextlib.suppress(OSError):  # a cache mounted read-only checks each time
-        marker.touch()
+    for marker in markers:
+        try:
+            marker.touch()
+            return
+        except OSError:
+            continue
 
 
 INPUTS_KEY = "foxhunt_inputs"
