@@ -1,8 +1,9 @@
-"""The ahead-of-time loader's probe (foxhunt.train.aot_probe): a toy package built and loaded in
-processes of their own, and the failure it was written for told apart. Here the failure is
-made: a library carrying its own copy of libstdc++'s locale code, preloaded before the
-system's, takes the package's locale references (the package then fails in its constructor);
-preloading the system's libstdc++ first is the fix the probe tries."""
+"""The ahead-of-time loader's probe (foxhunt.train.aot_probe), and the link foxhunt.train.aot
+gives its packages (`aot.OWN_RUNTIME`). A failure of the kind the probe was written for is made
+here: a library carrying its own copy of libstdc++'s locale code, opened into the global scope,
+takes the locale references of a package linked inductor's default way, which then fails in
+its constructor; preloading the system's libstdc++ mends that one, and a package linked with
+its own C++ runtime, as foxhunt links them, is not touched by it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import pytest
 
-from foxhunt.train import aot_probe
+from foxhunt.train import aot, aot_probe
 
 DUP = r"""
 #include <locale>
@@ -27,8 +28,9 @@ extern "C" int dup_transform() {
 
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
+    """A toy package linked inductor's default way."""
     work = tmp_path_factory.mktemp("aot-probe")
-    pkg, err = aot_probe.build(work, "plain", "cpu")
+    pkg, err = aot_probe.build(work, "default", "cpu")
     assert not err, err
     return work, pkg
 
@@ -78,6 +80,12 @@ def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_
     assert rc != 0 and ("bad_cast" in tail or rc < 0), (rc, tail)
     assert aot_probe.load(pkg, -1, {"LD_PRELOAD": system_stdcxx()}) == (0, "")
 
+    linker = aot.runtime_linker(work)
+    assert linker, "g++ with a static libstdc++ here"
+    own, err = aot_probe.build(work, "own-runtime", "cpu", linker)
+    assert not err, err
+    assert aot_probe.load(own, -1) == (0, ""), "linked as foxhunt links packages, it loads"
+
 
 def test_a_load_that_crashes_is_reported_not_suffered(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(aot_probe, "build", lambda work, name, device, cxx=None: (work / "x", ""))
@@ -95,7 +103,7 @@ def test_a_link_flag_wrapper_adds_its_flags_to_shared_links_only(tmp_path):
     fake.parent.mkdir()
     fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     fake.chmod(0o755)
-    w = aot_probe.wrapper(tmp_path / "w", str(fake), ["-Wl,-Bsymbolic"])
+    w = aot.compiler_wrapper(tmp_path / "w", str(fake), ["-Wl,-Bsymbolic"])
     assert w.endswith("/g++")  # inductor picks its flags by the compiler's name
     subprocess.run([w, "-c", "a.cpp", "-o", "a.o"], check=True)
     subprocess.run([w, "a.o", "-shared", "-o", "a.so"], check=True)

@@ -29,6 +29,8 @@ import hashlib
 import json
 import logging
 import os
+import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -329,16 +331,70 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt2")
     os.close(fd)
+    configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {}}
+    linker = runtime_linker(path.parent)
+    if linker:
+        configs["cpp.cxx"] = (linker,)
     try:
         with warnings.catch_warnings():  # torch's own pytree use, inside its packaging
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
-            torch._inductor.aoti_compile_and_package(
-                ep, package_path=tmp, inductor_configs={"aot_inductor.metadata": metadata or {}}
-            )
+            torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=configs)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+OWN_RUNTIME = ("-static-libstdc++", "-Wl,--exclude-libs,ALL")
+"""How a package is linked: with the compiler's own C++ runtime (libstdc++ static), its
+symbols hidden. The package then binds none of libstdc++'s symbols in the process, so no
+other copy there (another library's, loaded into the global scope; an older system
+libstdc++ than the compiler's headers) takes its references; a package linked the default
+way fails in its constructor in either case (tests/test_aot_probe.py makes the first). The
+package's interface is C: no C++ object crosses it."""
+
+
+def compiler_wrapper(folder: Path, cxx: str, flags: tuple[str, ...] | list[str]) -> str:
+    """A program in `folder` that runs the compiler `cxx`, adding `flags` where it links a
+    shared library; named as `cxx` is, since inductor picks its flags by the compiler's
+    name. Written under a temporary name and renamed (tasks sharing the cache)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / Path(cxx).name
+    extra = " ".join(flags)
+    script = (
+        f"#!/bin/sh\n# foxhunt: {cxx}, adding {extra} where it links a shared library\n"
+        f'case " $* " in *" -shared "*) exec {cxx} "$@" {extra};; esac\n'
+        f'exec {cxx} "$@"\n'
+    )
+    if not (path.exists() and path.read_text() == script):
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+        with os.fdopen(fd, "w") as f:
+            f.write(script)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def runtime_linker(folder: Path) -> str | None:
+    """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper in `folder`/cxx), where it is
+    g++ and has a static libstdc++; else None (inductor's own link)."""
+    from torch._inductor import cpp_builder
+
+    try:
+        cxx = cpp_builder.get_cpp_compiler()
+    except Exception:  # check_compiler reports it
+        return None
+    name = Path(cxx).name
+    if "clang" in name or not re.search(r"g\+\+", name):
+        return None
+    static = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    if not (os.path.isabs(static) and os.path.exists(static)):
+        log.info(
+            "aot: %s has no static libstdc++ (%r): packages linked the default way", cxx, static
+        )
+        return None
+    return compiler_wrapper(folder / "cxx", shutil.which(cxx) or cxx, OWN_RUNTIME)
 
 
 def check_compiler(name: str) -> None:

@@ -3,26 +3,24 @@
     python -m foxhunt.train.aot_probe            # build a toy package, load it in a child process
     python -m foxhunt.train.aot_probe --explain  # and the facts and variants below
 
-A toy package (one elementwise op) is built with inductor's C++ compiler and loaded the way
-foxhunt.train.aot loads a step's (`aot.loader_args`), each load in a process of its own, so a
-crash is reported, not suffered. Exit status 0 when the plain load works, 1 when it does not.
+A toy package (one elementwise op) is built as foxhunt.train.aot builds a step's (inductor's
+C++ compiler, the package linked with its own C++ runtime: `aot.OWN_RUNTIME`) and loaded as a
+task loads one (`aot.loader_args`), each in a process of its own, so that a crash is reported,
+not suffered. Exit status 0 when it loads, 1 when it does not.
 
-`--explain` prints what tells the usual causes apart, for a loader that dies in
-the package's own constructor (as torch 2.11.0+cu130 does on the H200 image foxhunt is
-measured on, in the C++ standard library's regex and locale code the package carries):
+`--explain` prints what tells the usual causes apart, for a loader that dies in the package's
+own constructor (as torch 2.11.0+cu130 does on the H200 image foxhunt is measured on, in the C++
+standard library's regex and locale code the package carries, with inductor's default link):
 
 - the facts: torch, the compiler and the libstdc++ it links against, the libstdc++ this
   process runs with, the dynamic loader's environment, the locale;
 - the libraries mapped into a torch process that define libstdc++'s locale symbols
-  themselves (a second copy of them, loaded into the global scope, takes the package's
-  references: its locale ids then index another copy's tables);
-- the load again with: the C locale; the compiler's libstdc++ preloaded; the package linked
-  with -Bsymbolic (its own template code bound to itself); linked with libstdc++ static and
-  -Bsymbolic; built with clang++ where there is one;
-- the dynamic loader's last symbol bindings before the crash (LD_DEBUG=bindings).
-
-The variants are for diagnosis: the one that loads names the fix to make in the image (or in
-inductor's build flags); foxhunt itself builds packages only the plain way.
+  themselves (a second copy of them, in the global scope, takes the references of a package
+  linked the default way: its locale ids then index another copy's tables);
+- the toy linked inductor's default way, loaded as it is, in the C locale, and with the
+  compiler's libstdc++ preloaded; linked with -Bsymbolic (its own template code bound to
+  itself); built with clang++ where there is one;
+- the dynamic loader's last bindings of the failing package's symbols (LD_DEBUG=bindings).
 """
 
 from __future__ import annotations
@@ -148,18 +146,6 @@ def second_copies() -> list[str]:
     return found
 
 
-def wrapper(folder: Path, cxx: str, flags: list[str]) -> str:
-    """A compiler named like `cxx` (inductor picks its flags by the name) that adds `flags` when
-    it links a shared library."""
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / Path(cxx).name
-    extra = " ".join(flags)
-    path.write_text(f'#!/bin/sh\ncase " $* " in *" -shared "*) exec {cxx} "$@" {extra};; esac\n'
-                    f'exec {cxx} "$@"\n')  # fmt: skip
-    path.chmod(0o755)
-    return str(path)
-
-
 def build(work: Path, name: str, device: str, cxx: str | None = None) -> tuple[Path, str]:
     """Build the toy package `name` in a process of its own, on a cache of its own."""
     pkg = work / f"{name}.pt2"
@@ -199,7 +185,10 @@ def bindings_before_crash(pkg: Path, index: int, log: Path) -> list[str]:
     return (keep or lines)[-12:]
 
 
-def explain(work: Path, pkg: Path, index: int, device: str) -> None:
+def explain(work: Path, pkg: Path, rc: int, index: int, device: str) -> None:
+    """The facts and variants (module docstring) for the toy `pkg`, whose load ended with `rc`."""
+    from foxhunt.train import aot
+
     print("\nfacts:")
     facts = {**process_facts(), **compiler_facts()}
     for k, v in facts.items():
@@ -207,30 +196,33 @@ def explain(work: Path, pkg: Path, index: int, device: str) -> None:
     print("libraries in a torch process that define libstdc++'s locale symbols themselves:")
     for line in second_copies() or ["none"]:
         print(f"  {line}")
-    cxx = facts.get("compiler", "").split(":")[0]
+    default, err = build(work, "default", device)
     variants: list[tuple[str, Path | None, dict[str, str], str]] = [
-        ("the C locale (LC_ALL=C)", pkg, {"LC_ALL": "C", "LANG": "C"}, "")
+        ("linked inductor's default way", None if err else default, {}, err)
     ]
-    lib = facts.get("compiler's libstdc++", "")
-    if lib and os.path.exists(lib):
-        variants.append((f"LD_PRELOAD={lib}", pkg, {"LD_PRELOAD": lib}, ""))
-    if cxx and shutil.which(cxx):
-        links = {"bsymbolic": ["-Wl,-Bsymbolic"],
-                 "static-stdcxx": ["-static-libstdc++", "-Wl,-Bsymbolic"]}  # fmt: skip
-        for name, flags in links.items():
-            built, err = build(work, name, device, wrapper(work / f"cxx-{name}", cxx, flags))
-            variants.append((f"linked {' '.join(flags)}", None if err else built, {}, err))
+    if not err:
+        variants.append(("the same, in the C locale (LC_ALL=C)", default,
+                         {"LC_ALL": "C", "LANG": "C"}, ""))  # fmt: skip
+        lib = facts.get("compiler's libstdc++", "")
+        if lib and os.path.exists(lib):
+            variants.append((f"the same, LD_PRELOAD={lib}", default, {"LD_PRELOAD": lib}, ""))
+    cxx = shutil.which(facts.get("compiler", "").split(":")[0])
+    if cxx:
+        wrapped = aot.compiler_wrapper(work / "cxx-bsymbolic", cxx, ["-Wl,-Bsymbolic"])
+        built, err = build(work, "bsymbolic", device, wrapped)
+        variants.append(("linked -Wl,-Bsymbolic", None if err else built, {}, err))
     clang = shutil.which("clang++")
     if clang:
         built, err = build(work, "clang", device, clang)
         variants.append((f"built with {clang}", None if err else built, {}, err))
     else:
         print("  (no clang++ here: that variant not tried)")
-    print("\nthe load again:")
+    print("\nthe toy otherwise:")
     for label, path, env, err in variants:
         print(f"  {label}: {err if path is None else outcome(*load(path, index, env))}")
-    print("\nthe dynamic loader's last bindings of the package's symbols (LD_DEBUG=bindings):")
-    for line in bindings_before_crash(pkg, index, work / "ld-debug" / "log"):
+    failing = pkg if rc != 0 else default
+    print(f"\nthe dynamic loader's last bindings of {failing.stem}'s symbols (LD_DEBUG=bindings):")
+    for line in bindings_before_crash(failing, index, work / "ld-debug" / "log"):
         print(f"  {line}")
 
 
@@ -253,15 +245,20 @@ def main(argv: list[str] | None = None) -> int:
     work = args.keep or Path(tempfile.mkdtemp(prefix="foxhunt-aot-probe-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
-        pkg, err = build(work, "plain", device)
+        from foxhunt.train import aot
+
+        linker = aot.runtime_linker(work)
+        how = ("linked with its own C++ runtime" if linker else
+               "linked inductor's default way (no static libstdc++ here)")  # fmt: skip
+        pkg, err = build(work, "foxhunt", device, linker)
         if err:
             print(f"aot probe: the toy package does not build for {device}: {err}")
             return 1
         rc, tail = load(pkg, index)
-        print(f"aot probe: torch {torch.__version__}, a toy package for {device}: "
+        print(f"aot probe: torch {torch.__version__}, a toy package for {device}, {how}: "
               f"{outcome(rc, tail)}")  # fmt: skip
         if args.explain:
-            explain(work, pkg, index, device)
+            explain(work, pkg, rc, index, device)
         elif rc != 0:
             print("run `python -m foxhunt.train.aot_probe --explain` for why")
         return 0 if rc == 0 else 1
