@@ -108,3 +108,25 @@ def test_a_link_flag_wrapper_adds_its_flags_to_shared_links_only(tmp_path):
     subprocess.run([w, "-c", "a.cpp", "-o", "a.o"], check=True)
     subprocess.run([w, "a.o", "-shared", "-o", "a.so"], check=True)
     assert log.read_text().splitlines() == ["-c a.cpp -o a.o", "a.o -shared -o a.so -Wl,-Bsymbolic"]
+
+
+def test_packages_are_linked_the_default_way_where_no_static_libstdcxx_is_there(
+    tmp_path, monkeypatch
+):
+    """Only g++ with a static libstdc++ (what `g++ -print-file-name=libstdc++.a` finds) links
+    a package with its own runtime: clang++, or a g++ that finds no archive (it prints the bare
+    name back), leaves inductor's link as it is."""
+    from torch._inductor import cpp_builder
+
+    fake = tmp_path / "bin" / "g++"
+    fake.parent.mkdir()
+    fake.write_text('#!/bin/sh\necho "${1#-print-file-name=}"\n')
+    fake.chmod(0o755)
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: str(fake))
+    assert aot.runtime_linker(tmp_path) is None
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "/usr/bin/clang++")
+    assert aot.runtime_linker(tmp_path) is None
+    if shutil.which("g++"):
+        monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "g++")
+        w = aot.runtime_linker(tmp_path)
+        assert w and w.endswith("/g++") and "-static-libstdc++" in open(w).read()

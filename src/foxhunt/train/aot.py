@@ -376,8 +376,8 @@ def compiler_wrapper(folder: Path, cxx: str, flags: tuple[str, ...] | list[str])
 
 
 def runtime_linker(folder: Path) -> str | None:
-    """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper in `folder`/cxx), where it is
-    g++ and has a static libstdc++; else None (inductor's own link)."""
+    """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper under `folder`/cxx), where it
+    is g++ and has a static libstdc++; else None (inductor's own link)."""
     from torch._inductor import cpp_builder
 
     try:
@@ -394,7 +394,10 @@ def runtime_linker(folder: Path) -> str | None:
             "aot: %s has no static libstdc++ (%r): packages linked the default way", cxx, static
         )
         return None
-    return compiler_wrapper(folder / "cxx", shutil.which(cxx) or cxx, OWN_RUNTIME)
+    cxx = shutil.which(cxx) or cxx
+    # A folder per compiler: images with other compilers may share the cache.
+    tag = hashlib.sha256(f"{cxx}\n{OWN_RUNTIME}".encode()).hexdigest()[:12]
+    return compiler_wrapper(folder / "cxx" / tag, cxx, OWN_RUNTIME)
 
 
 def check_compiler(name: str) -> None:
