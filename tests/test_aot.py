@@ -362,6 +362,33 @@ def test_a_read_only_cache_keeps_the_loaders_mark_in_the_temporary_folder(
     assert not list(cache.glob("foxhunt-aot/loader-ok-*"))
 
 
+def test_a_cpu_process_running_packages_keeps_its_freed_buffers():
+    """aot.hold_heap: a buffer above glibc's mmap threshold, freed and taken again, comes back
+    without its pages faulted in again (the memory stays with the process)."""
+    code = """
+import ctypes, resource, sys
+from foxhunt.train import aot
+libc = ctypes.CDLL(None)
+libc.malloc.restype, libc.free.argtypes = ctypes.c_void_p, [ctypes.c_void_p]
+if sys.argv[1] == "hold":
+    assert aot.hold_heap()
+n = 64 << 20
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    p = libc.malloc(n)
+    ctypes.memset(p, 1, n)
+    libc.free(p)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+    faults = {}
+    for mode in ("hold", "none"):
+        p = subprocess.run([sys.executable, "-c", code, mode], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-2000:]
+        faults[mode] = int(p.stdout.split()[-1])
+    assert faults["none"] >= (64 << 20) // 8192, faults  # every page again (4 kB pages: all)
+    assert faults["hold"] < 100, faults
+
+
 def test_a_replaced_tensor_is_refused_by_name(cache):
     agent = train(CFG, epochs=1)
     agent.z = agent.z.clone()  # a package reads the tensors it was loaded with
