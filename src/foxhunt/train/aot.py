@@ -18,7 +18,10 @@ in place, as eager code does: captured CUDA graphs, checkpoints and resume files
 tensors. Python values the step reads (settings, the optimiser's learning rate) are fixed in
 the package and are part of its key; a value that changes during training must be a tensor of
 the agent's. So is the machine: inductor builds for the CPU it runs on (-march=native), so a
-package is kept per CPU model as well as per GPU.
+package is kept per CPU model as well as per GPU. A package carries its own C++ runtime
+(`OWN_RUNTIME`), so that no other copy of libstdc++ in the process can reach it, and on the
+CPU a process that runs packages keeps the memory their buffers take between runs
+(`hold_heap`).
 """
 
 from __future__ import annotations
@@ -524,13 +527,14 @@ torch._C._aoti.AOTIModelPackageLoader(*json.loads(sys.argv[1]))
 def check_loader(path: Path, index: int) -> None:
     """Load `path` in a process of its own first, once per torch version and machine (a marker
     file after the first success: beside the packages, or in the temporary folder where the
-    cache is mounted read-only). Where torch's loader crashes (the torch
-    2.11.0+cu130 of the H200 image we measure on ends the process with SIGSEGV on any package,
-    in the package's own constructor) the task stops with an error saying so, rather than dying
-    with the signal on every retry; a package that fails to load without a crash is built
-    again by the caller."""
+    cache is mounted read-only; keyed by the link as well). Where torch's loader crashes (the
+    torch 2.11.0+cu130 of the H200 image we measure on ended the process with SIGSEGV on any
+    package linked inductor's default way, in the package's own constructor) the task stops
+    with an error saying so, rather than dying with the signal on every retry; a package that
+    fails to load without a crash is built again by the caller."""
     machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
-    key = hashlib.sha256(f"{torch.__version__}\n{machine}".encode()).hexdigest()[:16]
+    link = " ".join(OWN_RUNTIME)
+    key = hashlib.sha256(f"{torch.__version__}\n{machine}\n{link}".encode()).hexdigest()[:16]
     # Beside the packages; where the cache is mounted read-only, in the temporary folder.
     markers = [
         path.parent / f"loader-ok-{key}",
