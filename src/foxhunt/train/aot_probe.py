@@ -6,7 +6,8 @@
 A toy package (one elementwise op) is built as foxhunt.train.aot builds a step's (inductor's
 C++ compiler, the package linked with its own C++ runtime: `aot.OWN_RUNTIME`) and loaded as a
 task loads one (`aot.loader_args`), each in a process of its own, so that a crash is reported,
-not suffered. Exit status 0 when it loads, 1 when it does not.
+not suffered: for the GPU and for the CPU where there is a GPU, else for the CPU. Exit status
+0 when every toy loads, 1 when one does not.
 
 `--explain` prints what tells the usual causes apart, for a loader that dies in the package's
 own constructor (as torch 2.11.0+cu130 does on the H200 image foxhunt is measured on, in the C++
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m foxhunt.train.aot_probe",
                                  description=__doc__.split("\n\n")[0])  # fmt: skip
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                    help="the package's device (auto: cuda where there is one)")  # fmt: skip
+                    help="the package's device (auto: the GPU, then the CPU; the CPU alone "
+                    "where there is no GPU)")  # fmt: skip
     ap.add_argument("--explain", action="store_true",
                     help="the facts, and the load's variants that tell why it crashes")  # fmt: skip
     ap.add_argument("--keep", type=Path, default=None,
@@ -238,33 +240,35 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    index = 0 if device == "cuda" else -1
-    work = args.keep or Path(tempfile.mkdtemp(prefix="foxhunt-aot-probe-"))
-    work.mkdir(parents=True, exist_ok=True)
-    try:
-        from foxhunt.train import aot
+    from foxhunt.train import aot
 
-        linker = aot.runtime_linker(work)
-        how = ("linked with its own C++ runtime" if linker else
-               "linked inductor's default way (no static libstdc++ here)")  # fmt: skip
-        pkg, err = build(work, "foxhunt", device, linker)
-        if err:
-            print(f"aot probe: the toy package does not build for {device}: {err}")
-            return 1
-        rc, tail = load(pkg, index)
-        print(f"aot probe: torch {torch.__version__}, a toy package for {device}, {how}: "
-              f"{outcome(rc, tail)}")  # fmt: skip
-        if args.explain:
-            explain(work, pkg, rc, index, device)
-        elif rc != 0:
+    devices = [args.device]
+    if args.device == "auto":
+        devices = ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
+    root = args.keep or Path(tempfile.mkdtemp(prefix="foxhunt-aot-probe-"))
+    failed = 0
+    try:
+        for device in devices:
+            work = root / device
+            work.mkdir(parents=True, exist_ok=True)
+            index = 0 if device == "cuda" else -1
+            linker = aot.runtime_linker(work)
+            how = ("linked with its own C++ runtime" if linker else
+                   "linked inductor's default way (no static libstdc++ here)")  # fmt: skip
+            pkg, err = build(work, "foxhunt", device, linker)
+            rc, tail = (1, err) if err else load(pkg, index)
+            said = f"does not build: {err}" if err else outcome(rc, tail)
+            print(f"aot probe: torch {torch.__version__}, a toy package for {device}, {how}: "
+                  f"{said}")  # fmt: skip
+            failed += rc != 0
+            if args.explain and not err:
+                explain(work, pkg, rc, index, device)
+        if failed and not args.explain:
             print("run `python -m foxhunt.train.aot_probe --explain` for why")
-        return 0 if rc == 0 else 1
+        return 1 if failed else 0
     finally:
         if args.keep is None:
-            shutil.rmtree(work, ignore_errors=True)
+            shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
