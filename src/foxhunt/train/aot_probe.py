@@ -50,7 +50,7 @@ torch._inductor.aoti_compile_and_package(ep, package_path=sys.argv[1])
 """
 
 LOAD = """
-import json, sys, torch
+import sys, torch
 from foxhunt.train import aot
 path, index = sys.argv[1], int(sys.argv[2])
 m = torch._C._aoti.AOTIModelPackageLoader(*aot.loader_args(path, index))
