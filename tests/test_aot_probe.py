@@ -130,3 +130,9 @@ def test_packages_are_linked_the_default_way_where_no_static_libstdcxx_is_there(
         monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "g++")
         w = aot.runtime_linker(tmp_path)
         assert w and w.endswith("/g++") and "-static-libstdc++" in open(w).read()
+
+
+def test_a_child_that_does_not_end_is_stopped_and_said_so():
+    rc, said = aot_probe.run([sys.executable, "-c", "import time; time.sleep(30)"], timeout=1)
+    assert (rc, said) == (124, "no end within 1 s")
+    assert aot_probe.outcome(rc, said) == "fails (exit 124): no end within 1 s"

@@ -63,10 +63,14 @@ assert float(y.sum()) == 32.0, float(y.sum())
 def run(
     code: list[str], env: dict[str, str] | None = None, timeout: float = 600
 ) -> tuple[int, str]:
-    """Run a child process; its return code (negative: the signal that ended it) and the last
-    lines of its output (and a C++ exception's message, which the loader prints before)."""
-    p = subprocess.run(code, capture_output=True, text=True, env={**os.environ, **(env or {})},
-                       timeout=timeout)  # fmt: skip
+    """Run a child process; its return code (negative: the signal that ended it; 124: stopped
+    after `timeout` s) and the last lines of its output (and a C++ exception's message, which
+    the loader prints before)."""
+    try:
+        p = subprocess.run(code, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                           timeout=timeout)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return 124, f"no end within {timeout:.0f} s"
     lines = (p.stdout + p.stderr).strip().splitlines()
     said = [ln for ln in lines[:-2] if ln.startswith("Error: ")][-1:]  # the C++ exception's
     return p.returncode, " | ".join(said + lines[-2:])
