@@ -378,6 +378,14 @@ def compiler_wrapper(folder: Path, cxx: str, flags: tuple[str, ...] | list[str])
     return str(path)
 
 
+def compiler_file(cxx: str, name: str) -> str:
+    """The library `name` the compiler `cxx` links against (`-print-file-name`), resolved; ""
+    where it has none (it prints the bare name back)."""
+    out = subprocess.run([cxx, f"-print-file-name={name}"], capture_output=True, text=True)
+    path = out.stdout.strip()
+    return os.path.realpath(path) if os.path.isabs(path) and os.path.exists(path) else ""
+
+
 def runtime_linker(folder: Path) -> str | None:
     """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper under `folder`/cxx), where it
     is g++ and has a static libstdc++; else None (inductor's own link)."""
@@ -390,12 +398,8 @@ def runtime_linker(folder: Path) -> str | None:
     name = Path(cxx).name
     if "clang" in name or not re.search(r"g\+\+", name):
         return None
-    static = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
-    if not (os.path.isabs(static) and os.path.exists(static)):
-        log.info(
-            "aot: %s has no static libstdc++ (%r): packages linked the default way", cxx, static
-        )
+    if not compiler_file(cxx, "libstdc++.a"):
+        log.info("aot: %s has no static libstdc++: packages linked the default way", cxx)
         return None
     cxx = shutil.which(cxx) or cxx
     # A folder per compiler: images with other compilers may share the cache.

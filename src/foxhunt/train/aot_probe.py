@@ -95,10 +95,9 @@ def compiler_facts() -> dict[str, str]:
         return {"compiler": f"none works ({e})"}
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     facts["compiler"] = f"{cxx}: {version.splitlines()[0] if version else '?'}"
-    lib = subprocess.run([cxx, "-print-file-name=libstdc++.so.6"], capture_output=True,
-                         text=True).stdout.strip()  # fmt: skip
-    if lib:
-        facts["compiler's libstdc++"] = os.path.realpath(lib)
+    from foxhunt.train import aot
+
+    facts["compiler's libstdc++"] = aot.compiler_file(cxx, "libstdc++.so.6") or "none found"
     return facts
 
 

@@ -263,6 +263,20 @@ class FlatAdam:
         self.state = {flat: {"step": step, "exp_avg": zeros(), "exp_avg_sq": zeros()}}
 
 
+def flat_optimiser(
+    flat: torch.Tensor, *, jit: bool, aot: bool, **adam
+) -> torch.optim.Adam | FlatAdam:
+    """An agent's Adam over its flat parameter `flat` (`adam`: lr, eps, weight_decay,
+    decoupled_weight_decay, foreach): torch.optim.Adam where torch.compile traces the step
+    (`jit`: Dynamo knows torch's optimisers), else FlatAdam (uncompiled, or ahead of time:
+    no torch._dynamo import). Capturable (the step count on the device) on a GPU and ahead of
+    time. Either is stepped by `adam_step`: the same arithmetic."""
+    capturable = aot or flat.device.type == "cuda"
+    if jit:
+        return torch.optim.Adam([flat], capturable=capturable, **adam)
+    return FlatAdam(flat, capturable=capturable, **adam)
+
+
 def adam_step(opt: torch.optim.Adam | FlatAdam, flat: torch.Tensor) -> None:
     """`opt.step()` for an Adam (or AdamW) over the one parameter `flat`, whose state exists
     (`ensure_adam_state`): the function `torch.optim.Adam.step` calls, with the arguments it

@@ -53,7 +53,6 @@ from foxhunt.train.agents.common import (
     STATE_DIM,
     AgentState,
     Capture,
-    FlatAdam,
     FlatGrad,
     Observation,
     Precision,
@@ -63,6 +62,7 @@ from foxhunt.train.agents.common import (
     compiled,
     copy_weights,
     ensure_adam_state,
+    flat_optimiser,
     flatten_into_views,
     linear_relu,
     mark_step,
@@ -758,9 +758,7 @@ class RainbowAgent(FlatGrad, AgentState):
             decoupled_weight_decay=True,
             foreach=cfg.compile or dev.type != "cuda",
         )
-        cap = self.aot or dev.type == "cuda"
-        self.opt = torch.optim.Adam([self.flat], capturable=cap, **adam) if jit else \
-            FlatAdam(self.flat, capturable=cap, **adam)  # fmt: skip
+        self.opt = flat_optimiser(self.flat, jit=jit, aot=self.aot, **adam)
         # On a GPU inductor launches a compiled graph's independent small kernels as one (its
         # combo kernels): the standard epoch 0.229 s against 0.252 s, 0.253 s against 0.285 s
         # at the GPU defaults (H200, 2026-12-05, bench_train's -nocombo).

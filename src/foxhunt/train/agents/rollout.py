@@ -22,7 +22,6 @@ from torch import nn
 from foxhunt.train import aot
 from foxhunt.train.agents.common import (
     AgentState,
-    FlatAdam,
     FlatGrad,
     Observation,
     autocast,
@@ -31,6 +30,7 @@ from foxhunt.train.agents.common import (
     compiled,
     copy_weights,
     ensure_adam_state,
+    flat_optimiser,
     flatten_into_views,
     mark_step,
     module_weights,
@@ -161,10 +161,8 @@ class OnPolicyAgent(FlatGrad, AgentState):
         self.minibatch_aot: aot.Step | None = None  # built at the first minibatch
         adam = dict(lr=self.lr, eps=adam_eps, weight_decay=cfg.weight_decay,
                     decoupled_weight_decay=True, foreach=False)  # fmt: skip
-        cap = self.aot or dev.type == "cuda"
-        jit = cfg.compile and not self.aot
-        self.opt = torch.optim.Adam([self.flat], capturable=cap, **adam) if jit else \
-            FlatAdam(self.flat, capturable=cap, **adam)  # fmt: skip
+        self.opt = flat_optimiser(self.flat, jit=cfg.compile and not self.aot, aot=self.aot,
+                                  **adam)  # fmt: skip
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
         self.state = Observation(data, env_cfg.memory_decay)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)

@@ -54,7 +54,6 @@ from foxhunt.train import aot, distributed
 from foxhunt.train.agents.common import (
     AgentState,
     Capture,
-    FlatAdam,
     FlatGrad,
     Precision,
     autocast,
@@ -64,6 +63,7 @@ from foxhunt.train.agents.common import (
     compiled,
     copy_weights,
     ensure_adam_state,
+    flat_optimiser,
     flatten_into_views,
     mark_step,
     module_weights,
@@ -330,11 +330,10 @@ class SupervisedAgent(FlatGrad, AgentState):
         cfg.check_aot()
         self.aot = cfg.compile and cfg.compile_mode == "aot"
         self.step_aot: aot.Step | None = None  # built at the first step
-        adamw = dict(lr=self.lr, eps=1e-8, weight_decay=cfg.weight_decay, foreach=False)
-        cap = self.aot or dev.type == "cuda"
-        jit = cfg.compile and not self.aot
-        self.opt = torch.optim.AdamW([self.flat], capturable=cap, **adamw) if jit else \
-            FlatAdam(self.flat, decoupled_weight_decay=True, capturable=cap, **adamw)  # fmt: skip
+        # AdamW: torch.optim.AdamW is Adam with decoupled weight decay (the same defaults).
+        self.opt = flat_optimiser(self.flat, jit=cfg.compile and not self.aot, aot=self.aot,
+                                  lr=self.lr, eps=1e-8, weight_decay=cfg.weight_decay,
+                                  decoupled_weight_decay=True, foreach=False)  # fmt: skip
         n = data.n
         self.ret_h = horizon_returns(data, cfg.horizon)
         self.labels = torch.ones(n, dtype=torch.long, device=dev)  # set per fold
