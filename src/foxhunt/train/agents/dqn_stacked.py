@@ -298,6 +298,8 @@ class StackedRainbow:
                       "env": tuple(vars(a0.env))}  # fmt: skip
         self.graphs: dict[str, torch.cuda.CUDAGraph] = {}
         self.step_marks: list | None = None  # the benchmark's (common.mark_step)
+        # Each learning step's uniform draws, row k agent k's (drawn in place: no stack).
+        self.u_learn = torch.empty(len(self.agents), self.cfg.batch_size, device=self.device)
         jit = functools.partial(compiled, combo=self.device.type == "cuda" and dqn.COMBO_KERNELS)
         self._loss_fn = jit(self._losses) if self.cfg.compile else self._losses
         self._update = jit(self._update_record) if self.cfg.compile else self._update_record
@@ -393,10 +395,15 @@ class StackedRainbow:
         return gn.new_zeros(())
 
     def _update_all(self, g: torch.Tensor) -> torch.Tensor:
-        """Each agent's gradient clipped to its own norm (each row's norm on its own, the sum
-        in the order the lone agent's runs), one Adam step over the stack, the soft target
-        update. Returns the norms before clipping, [K]."""
-        gn = torch.stack([torch.linalg.vector_norm(row) for row in g[:, : self.n_params]])
+        """Each agent's gradient clipped to its own norm (on a CPU each row's norm on its own,
+        summed in the order the lone agent's is; on a GPU one reduction over all rows, equal
+        to float tolerance), one Adam step over the stack, the soft target update. Returns the
+        norms before clipping, [K]."""
+        rows = g[:, : self.n_params]
+        if self.device.type == "cuda":  # one reduction over the rows; its sums' order is its own
+            gn = torch.linalg.vector_norm(rows, dim=1)
+        else:  # bit for bit the lone agents' norms
+            gn = torch.stack([torch.linalg.vector_norm(row) for row in rows])
         g.mul_((self.cfg.grad_clip / (gn + 1e-6)).clamp(max=1.0)[:, None])
         adam_step(self.opt, self.W)
         with torch.no_grad():
@@ -413,13 +420,12 @@ class StackedRainbow:
                                    aux, gn)  # fmt: skip
 
     def _learn_step(self) -> None:
-        B, us = self.cfg.batch_size, []
         if self.cfg.noisy:  # each agent's row of its block's samples (RainbowAgent._learn_step)
             next_noise_row_(self.noise, self.t["learn_noise"], self.learn_i,
                             self.cfg.learn_steps, dim=1)  # fmt: skip
-        for a in self.agents:  # each agent's draws in the order of its own learning step
-            us.append(torch.rand(B, device=self.device, generator=a.gen))
-        u = torch.stack(us)
+        u = self.u_learn
+        for k, a in enumerate(self.agents):  # each agent's draws, as in its own learning step
+            torch.rand(u.shape[1], device=self.device, generator=a.gen, out=u[k])
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
         for p in self.P.values():  # backward hands over fresh gradient buffers
