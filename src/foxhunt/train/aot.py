@@ -334,7 +334,13 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".pt2")
     os.close(fd)
-    configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {}}
+    # Triton kernels tuned on the example's own values (a first pass that runs the step), not
+    # AOTInductor's default of tuning each kernel alone on made-up inputs: an index the step
+    # computes (a sampled slot, a chosen action) is then arbitrary, and a kernel reading through
+    # it trips its bounds assert and ends the build (H100, torch 2.11, 2026-12-05: the DQN's
+    # learning step; pytorch/pytorch#192143).
+    configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {},
+                               "triton.autotune_at_compile_time": False}  # fmt: skip
     linker = runtime_linker(path.parent)
     if linker:
         configs["cpp.cxx"] = (linker,)
