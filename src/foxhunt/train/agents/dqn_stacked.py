@@ -192,7 +192,8 @@ def _bind(net: torch.nn.Module, params: dict):
     return call
 
 
-def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
+def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, points=None,
+                slots=None):  # fmt: skip
     """`Replay.sample` for K replays at once: prio [K, C] (each row a replay's p^alpha), u
     [K, B] uniform, beta [K]. A batched scan of K rows as long as a replay runs a row per
     thread block on a GPU, far slower than one long scan; so one scan runs over the rows end
@@ -200,16 +201,32 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor):
     sums then carry the earlier rows' totals, which moves a point against a row's own
     cumulative sum by a few units of the last place: a slot other than `Replay.sample`'s only
     for a point that close to a slot's edge. Returns the slots [K, B] (row-local) and the
-    importance weights [K, B]."""
-    K, C = prio.shape
-    B = u.shape[1]
+    importance weights [K, B].
+
+    The scan and the search stay torch's (CUB's scan is faster than inductor's); the work
+    around them is `points` and `slots` (`sample_points`, `sampled_slots`, or their compiled
+    forms: a kernel each rather than some twenty small ones)."""
     cdf = torch.cumsum(prio.reshape(-1), 0, dtype=torch.float64)
-    end = cdf.view(K, C)[:, -1]
+    x = (points or sample_points)(cdf, u)
+    at = torch.searchsorted(cdf, x.reshape(-1), right=True)
+    return (slots or sampled_slots)(at, prio, beta)
+
+
+def sample_points(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Row k's B stratified points inside its stretch of the scan `cdf` ([K * C]), [K, B]."""
+    K, B = u.shape
+    end = cdf.view(K, -1)[:, -1]
     start = torch.cat([end.new_zeros(1), end[:-1]])
     frac = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B
-    x = start[:, None] + frac * (end - start)[:, None]
-    at = torch.searchsorted(cdf, x.reshape(-1), right=True).view(K, B)
-    idx = (at - torch.arange(K, device=u.device)[:, None] * C).clamp(0, C - 1)
+    return start[:, None] + frac * (end - start)[:, None]
+
+
+def sampled_slots(at: torch.Tensor, prio: torch.Tensor, beta: torch.Tensor):
+    """The search's positions in the scan `at` ([K * B]) as each row's slots, and their
+    importance weights."""
+    K, C = prio.shape
+    at = at.view(K, -1)
+    idx = (at - torch.arange(K, device=at.device)[:, None] * C).clamp(0, C - 1)
     p = prio.gather(1, idx).float()
     return idx, importance_weights(p, p.amin(1, keepdim=True), beta[:, None])
 
@@ -304,6 +321,7 @@ class StackedRainbow:
         self._loss_fn = jit(self._losses) if self.cfg.compile else self._losses
         self._update = jit(self._update_record) if self.cfg.compile else self._update_record
         self._collect_fn = jit(self._collect_all) if self.cfg.compile else self._collect_all
+        self._sample_parts = (jit(sample_points), jit(sampled_slots)) if self.cfg.compile else ()
 
     def __len__(self) -> int:
         return len(self.agents)
@@ -368,7 +386,7 @@ class StackedRainbow:
         `Replay.sample` under vmap (the same numbers), on a GPU `sample_rows` (one scan)."""
         prio = self.t["replay.prio"]
         if self.device.type == "cuda":
-            return sample_rows(prio, u, self.t["replay.beta"])
+            return sample_rows(prio, u, self.t["replay.beta"], *self._sample_parts)
         return vmap(self._sample_one)(prio, self.t["replay.beta"], u)
 
     def _sample_one(self, prio, beta, u):
