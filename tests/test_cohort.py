@@ -11,7 +11,7 @@ import functools
 import pytest
 import torch
 
-from foxhunt.train.agents.common import ensure_adam_state
+from foxhunt.train.agents.common import compiled, ensure_adam_state
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
 from foxhunt.train.agents.pqn import PQNAgent, PQNConfig
@@ -199,11 +199,14 @@ def test_stacked_agents_snapshot_and_restore_each_on_its_own():
     assert torch.equal(agents[1].flat.detach(), moved)
 
 
-def test_the_stacked_sampler_draws_what_each_replay_would():
+@pytest.mark.parametrize("parts", ["plain", "compiled"])
+def test_the_stacked_sampler_draws_what_each_replay_would(parts):
     """sample_rows (the GPU's one scan over all the agents' priorities) against Replay.sample
-    on each row: the same slots and weights, with empty slots and a replay not yet full."""
+    on each row: the same slots and weights, with empty slots and a replay not yet full; its
+    work around the scan and the search as the stack runs it uncompiled, and compiled (as a
+    compiled stack runs it)."""
     from foxhunt.train.agents.dqn import Replay
-    from foxhunt.train.agents.dqn_stacked import sample_rows
+    from foxhunt.train.agents.dqn_stacked import sample_points, sample_rows, sampled_slots
 
     g = torch.Generator().manual_seed(0)
     K, C, B = 5, 3000, 256
@@ -211,7 +214,8 @@ def test_the_stacked_sampler_draws_what_each_replay_would():
     prio[:, 2500:] = 0.0  # not yet written
     prio[2, :100] = 0.0  # incomplete transitions
     u = torch.rand(K, B, generator=g)
-    idx, w = sample_rows(prio, u, torch.full((K,), 0.4))
+    fns = () if parts == "plain" else (compiled(sample_points), compiled(sampled_slots))
+    idx, w = sample_rows(prio, u, torch.full((K,), 0.4), *fns)
     for k in range(K):
         r = Replay(C, torch.device("cpu"))
         r.prio.copy_(prio[k])
