@@ -6,8 +6,8 @@ a GPU runs them far below its width; K agents on CUDA streams overlap them only 
 every collection step and learning step runs the single agent's own code
 (`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
 the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
-batch): about as many kernels as one agent, each K times wider. On an H200 at the demo's sizes,
-compiled and captured, 8 stacked agents train an epoch in 1.97x one agent's time
+batch): about as many kernels as one agent, each K times wider. On an H100 at the demo's sizes,
+compiled and captured, 8 stacked agents train an epoch in 1.80x one agent's time
 (docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
@@ -16,18 +16,18 @@ become views of the stacked tensors, so its evaluation, checkpoints, resume file
 stacked `learn`), so it can also train on its own between stacked epochs (`foxhunt train
 --seeds` does when some seeds stop early). Every random number still comes from each agent's
 own generator, drawn per agent outside the vmapped code. What one agent computes alone is what
-it computes here, bit for bit on a CPU at one thread, for C51 (tests/test_cohort.py: the
-clipping norm is taken agent by agent, so that no sum runs in another order; `mean`'s one-wide
-value layer runs another CPU kernel batched, and its last bits differ). On a GPU the wider
-kernels sum in other orders, and the replays are sampled by one scan over all of them
-(`sample_rows`): equal to a lone agent's to float tolerance (tests/test_train_gpu.py).
+it computes here, bit for bit on a CPU at one thread, for C51 (tests/test_cohort.py: there
+the clipping norm is taken agent by agent, so that no sum runs in another order; `mean`'s
+one-wide value layer runs another CPU kernel batched, and its last bits differ). On a GPU the
+wider kernels sum in other orders, the clipping norms are one reduction, and the replays are
+sampled by one scan over all of them (`sample_rows`): equal to a lone agent's to float
+tolerance (tests/test_train_gpu.py).
 
 The agents share one configuration (their seeds differ) and train one fold at a time, and so
 the C51 support and the envs' range, which those decide alike for all. With noisy nets, the
 banks of a block's noise samples are stacked like the rest: each agent draws its block into its
 own row from its own generator, as it would alone, f runs once over all of them, and each step
-copies every agent's row in one kernel (on an H200 at the demo's sizes 8 noisy agents stacked
-take 1.94x one agent's epoch). IQN draws its quantile fractions inside the code
+copies every agent's row in one kernel. IQN draws its quantile fractions inside the code
 this vmaps and is not stacked (`stackable` says why; `foxhunt train --seeds` then trains such
 agents on streams).
 """
