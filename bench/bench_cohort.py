@@ -9,6 +9,8 @@ model's GPU defaults).
     python3 bench/bench_cohort.py --set noisy=true epsilon=0     config fields over the sizes
     python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --profile
                                                     the kernels of one agent's steps and the stack's
+    python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --uncompiled-sample
+                                                    the stack's replay sample uncompiled
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
 agents each on a CUDA stream of its own (`streams`); for the DQN, K agents stacked into one
@@ -59,6 +61,8 @@ def time_form(model: str, cfg, data: MarketData, k: int, form: str, args) -> dic
     t0 = time.perf_counter()
     agents = [AGENTS[model].load()[1](cfg, EnvConfig(), data, seed=s) for s in range(k)]
     cohort = Cohort(agents, streams=form == "streams", stacked=form == "stacked")
+    if cohort.stack is not None and args.uncompiled_sample:
+        cohort.stack._sample_parts = ()  # the sample's work around its scan in torch's kernels
     if agents[0].cfg.capture == "graph":
         cohort.capture()
     train = (0, int(data.n * 0.6))
@@ -106,6 +110,9 @@ def main() -> None:
         default="one,sequential,streams,stacked",
         help="the forms to time, of one,sequential,streams,stacked",
     )
+    ap.add_argument("--uncompiled-sample", action="store_true",
+                    help="the stack's replay sample without its two compiled parts "
+                    "(dqn_stacked.sample_points, sampled_slots): what they buy")  # fmt: skip
     ap.add_argument("--sizes", choices=("default", "demo"), default="default",
                     help="the model's GPU defaults (the standard workload) or the demo's sizes "
                     "(foxhunt.train.demo: 512 DQN envs, batch 256, ...)")  # fmt: skip
