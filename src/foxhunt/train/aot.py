@@ -337,8 +337,8 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     # Triton kernels tuned on the example's own values (a first pass that runs the step), not
     # AOTInductor's default of tuning each kernel alone on made-up inputs: an index the step
     # computes (a sampled slot, a chosen action) is then arbitrary, and a kernel reading through
-    # it trips its bounds assert and ends the build (H100, torch 2.11, 2026-12-05: the DQN's
-    # learning step; pytorch/pytorch#192143).
+    # it trips its bounds assert and ends the build (pytorch/pytorch#192143; the DQN's build
+    # stopped in a device-side assert during that tuning, H100, torch 2.11, 2026-12-05).
     configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {},
                                "triton.autotune_at_compile_time": False}  # fmt: skip
     linker = runtime_linker(path.parent)
