@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from foxhunt.bench.workload import STANDARD_DQN, results_path, standard_market
+from foxhunt.bench.workload import STANDARD_DQN, child_failure, results_path, standard_market
 
 CHILD = """
 import json, sys, time
@@ -91,18 +90,6 @@ print(json.dumps({"first_epoch_s": first_epoch_s, "phases_s": marks,
 """
 
 
-def failure(p: subprocess.CompletedProcess, name: str) -> dict:
-    """A child that printed no result: its whole stderr kept beside the JSON, and what names
-    the cause (a kernel's failed assertion, the exception's own line), not only the end of
-    its traceback."""
-    log = results_path(f"bench_compile_cache-{name}.err")
-    log.write_text(p.stderr)
-    named = [ln.strip() for ln in p.stderr.splitlines()
-             if re.search(r"Assertion|^\w+(\.\w+)*(Error|Exception)\b", ln.strip())]  # fmt: skip
-    return {"error": " | ".join(dict.fromkeys(named[-4:])) or p.stderr[-800:], "log": str(log),
-            "rc": p.returncode}  # fmt: skip
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="dqn,ppo,pqn,tlob")
@@ -136,7 +123,11 @@ def main() -> None:
                     capture_output=True, text=True, env=os.environ.copy(),
                 )  # fmt: skip
                 lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-                row[phase] = json.loads(lines[-1]) if lines else failure(p, f"{model}-{phase}")
+                row[phase] = (
+                    json.loads(lines[-1])
+                    if lines
+                    else child_failure(p, f"bench_compile_cache-{model}-{phase}")
+                )
             res[model] = row
             for phase, v in row.items():
                 if "error" in v:

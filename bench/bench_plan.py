@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import STANDARD_DQN, results_path, standard_fxcache
+from foxhunt.bench.workload import STANDARD_DQN, child_failure, results_path, standard_fxcache
 from foxhunt.train.evaluate import VAL_PASSES
 
 CHILD = """
@@ -133,10 +133,14 @@ def main() -> None:
                 capture_output=True, text=True, env=os.environ.copy(),
             )  # fmt: skip
             lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-            r = json.loads(lines[-1]) if lines else {"error": p.stderr[-1500:]}
+            r = (
+                json.loads(lines[-1])
+                if lines
+                else child_failure(p, f"bench_plan-{phase.replace(' ', '-')}")
+            )
             res[phase] = r
             if "error" in r:
-                print(f"{phase}: FAILED {r['error']}", flush=True)
+                print(f"{phase}: FAILED (rc {r['rc']}; {r['log']}): {r['error']}", flush=True)
             else:
                 how = ", steps compiled ahead of time" if args.aot else ""
                 print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "

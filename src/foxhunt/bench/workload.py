@@ -18,7 +18,9 @@ import dataclasses
 import json
 import math
 import os
+import re
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,19 @@ def results_path(name: str) -> Path:
     out = Path(os.environ.get("OUT", "/tmp"))
     out.mkdir(parents=True, exist_ok=True)
     return out / name
+
+
+def child_failure(p: subprocess.CompletedProcess, name: str) -> dict:
+    """A benchmark's child process that printed no result: its whole stderr kept beside the
+    JSON (`results_path(name + ".err")`), and the lines that name the cause (a kernel's failed
+    assertion, the exception's own line) with its exit status, not only the end of its
+    traceback."""
+    log = results_path(f"{name}.err")
+    log.write_text(p.stderr)
+    named = [ln.strip() for ln in p.stderr.splitlines()
+             if re.search(r"Assertion|^\w+(\.\w+)*(Error|Exception)\b", ln.strip())]  # fmt: skip
+    return {"error": " | ".join(dict.fromkeys(named[-4:])) or p.stderr[-800:], "log": str(log),
+            "rc": p.returncode}  # fmt: skip
 
 
 def kernel_profile(step, label: str, steps: int = 20, rows: int = 30) -> dict[str, tuple]:
