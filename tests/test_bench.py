@@ -201,7 +201,7 @@ def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
 
 
 def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
-    """bench/bench_eval.py (the evaluation rows of docs/performance.md) on the CPU: a row per
+    """bench/bench_eval.py (the evaluation rows of docs/task-start.md) on the CPU: a row per
     policy and piece count, each with the first count's returns."""
     import subprocess
     import sys

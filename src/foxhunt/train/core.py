@@ -155,7 +155,7 @@ class TrainConfig:
     compiled evaluation is not measured. Each seed of `seeds` compiles its own evaluator's
     step (the inductor cache makes the others' builds a trace each). The DQN's plan
     of 3 folds x 50 epochs on an H200 spends 4.6 s evaluating with it against 14.1 s without
-    (docs/performance.md); the compiled step rounds its bf16 forward otherwise, so a few
+    (docs/task-start.md); the compiled step rounds its bf16 forward otherwise, so a few
     bars' returns differ."""
     baselines: bool = True
     """Evaluate the baseline policies (flat, buy and hold, random, ridge and logistic on the

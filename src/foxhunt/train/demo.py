@@ -3,9 +3,9 @@
 pressure persists over several bars (foxhunt.synth.market), so a policy that holds its positions
 earns it net of those costs. `make run`, the CI learning tests and bench/bench_learning.py all
 train with these; docs/performance.md has what each model earns beside the baselines, over
-seeds, and what moved the figures.
+seeds; docs/learning-notes.md what moved the figures.
 
-Why these values, measured on the ES demo folds (docs/performance.md, "Learning"): the DQN
+Why these values, measured on the ES demo folds (docs/learning-notes.md): the DQN
 learns from what it collects, and 512 envs (4x the CPU default) collect 262k transitions an
 epoch for about the same time as 64 envs, since its learning steps cost more than collection;
 epsilon-greedy 0.1 explores as well as noisy nets here at two thirds of the time. PQN discounts

@@ -137,14 +137,14 @@ class DQNConfig:
     22.64 +- 0.37 over six seeds against 18.76 +- 0.58 for epsilon-greedy without (1.15 and
     0.95 of the cost-aware ridge); with costs off both earn ridge's figure. They cost 12% more
     an epoch of the standard workload (0.280 s against 0.250 s on an H200). At the CPU sizes
-    epsilon-greedy 0.1 earns as much, for two thirds of the time (docs/performance.md)."""
+    epsilon-greedy 0.1 earns as much, for two thirds of the time (docs/learning-notes.md)."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
     noise_per_env: bool = False
     """Collection draws the noisy layers' noise per env, so that each env explores with its own
     perturbed network, instead of one sample shared by every env of a step (C51; IQN, whose
     rows are quantile samples, shares one). Learning uses one sample per step either way. Off
-    by default: on the demo market it lowered the test Sharpe (docs/performance.md)."""
+    by default: on the demo market it lowered the test Sharpe (docs/learning-notes.md)."""
     double_q: bool = True
     """Double Q: the online net chooses the next action, the target net values it."""
     cql_alpha: float = 0.0
@@ -152,9 +152,9 @@ class DQNConfig:
     gamma: float = 0.5
     """Discount per bar (0: a contextual bandit, each bar's reward alone). 0.5: the demo
     market's order flow predicts the next bar's return, and at 0.9 or 0.99 the returns of bars
-    far ahead drown it (docs/performance.md, "Learning")."""
+    far ahead drown it (docs/learning-notes.md)."""
     n_step: int = 1
-    """Steps of the n-step return (3 earned less with costs on, docs/performance.md)."""
+    """Steps of the n-step return (3 earned less with costs on, docs/learning-notes.md)."""
     reward_scale: float = 1e4
     """Rewards (returns as fractions of notional) are learned in basis points by default."""
     epsilon: float | None = None
@@ -193,7 +193,7 @@ class DQNConfig:
     act_with: Literal["online", "target"] = "target"
     """The network the greedy policy (evaluation, checkpoints) acts with: the target network, a
     Polyak average of the online weights over ~1/tau steps (the default: on the demo market it
-    earned more with less spread between seeds, costs on and off, docs/performance.md), or the
+    earned more with less spread between seeds, costs on and off, docs/learning-notes.md), or the
     online network itself."""
     precision: Precision = "auto"
     """Matrix work in bfloat16 autocast (auto: on CUDA). Softmax, returns, rewards, the C51
@@ -201,7 +201,7 @@ class DQNConfig:
     float32_outputs: bool = False
     """The value and advantage output layers in float32 outside the bf16 autocast: with costs
     on, holding and trading can differ by a fraction of a basis point, less than bf16 logits
-    resolve (docs/performance.md, "GPU sizes"). No effect in float32 (on a CPU)."""
+    resolve (docs/learning-notes.md, "GPU sizes, without the memory"). No effect in float32 (on a CPU)."""
     capture: Capture = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
     compile: bool | None = None

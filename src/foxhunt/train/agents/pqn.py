@@ -62,7 +62,7 @@ class PQNConfig:
     """Minibatches per pass."""
     gamma: float = 0.9
     """Discount per bar. The demo market's edge has a half-life of ~7 bars, and PQN's
-    Q(lambda) targets at 0.9 beat 0.5 there (docs/performance.md)."""
+    Q(lambda) targets at 0.9 beat 0.5 there (docs/learning-notes.md)."""
     q_lambda: float = 0.65
     """lambda of the Q(lambda) returns (purejaxql's Atari value)."""
     eps_start: float = 1.0
