@@ -323,6 +323,23 @@ def test_combo_kernels_join_the_mode_s_options(monkeypatch):
     assert not any("combo_kernels" in kw.get("options", {}) for kw in calls)  # on the CPU
 
 
+def test_the_stack_s_loop_reordering_switch_is_an_option_inductor_takes(monkeypatch):
+    """The option that keeps torch 2.11's inductor from its assert on combo kernels (the
+    stack's, on a GPU) joins the combo options, and inductor takes it: a graph compiled with it
+    computes what the function does (torch.compile refuses an option it does not know)."""
+    from foxhunt.train.agents import common
+
+    calls = []
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: calls.append(kw) or real(fn, **kw))
+    off = {"loop_ordering_after_fusion": False}
+    f = common.compiled(lambda x: (x * 2 + 1).sum(), options=off)
+    x = torch.arange(6.0)
+    assert f(x).item() == 36.0
+    assert calls[0]["options"] == {"combo_kernels": False, **off}
+    assert common.NO_LOOP_REORDER in ({}, off)  # on torch 2.13, where it is not needed: {}
+
+
 @pytest.mark.parametrize("model", ["dqn", "ppo", "pqn"])
 def test_weight_decay_is_adamws_and_zero_is_plain_adam(model):
     """`weight_decay` w: each step multiplies the weights by 1 - lr * w before Adam's update.

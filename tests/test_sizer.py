@@ -165,6 +165,26 @@ def test_agent_sizes_halve_together_until_the_probe_fits_and_explicit_sizes_win(
     assert sizer.agent_sizes(RainbowAgent, cfg, EnvConfig(), data, cache) == (cfg, None)
 
 
+@pytest.mark.parametrize("model", ["dqn", "ppo"])
+def test_an_agent_compiled_ahead_of_time_is_sized_by_eager_probes(model, tmp_path, monkeypatch):
+    """A config set to compile ahead of time (`compile_mode="aot"`) is probed eager and
+    uncompiled like any other, and keeps its mode: the probe once turned compile off and left
+    the mode, which the config refuses (bench_plan --aot on an H200 stopped there, 2026-12-05)."""
+    from foxhunt.train.agents import AGENTS
+    from foxhunt.train.env import EnvConfig
+    from marketdata import random_market
+
+    probed = fake_agent_gpu(monkeypatch)
+    config_cls, agent_cls = AGENTS[model].load()
+    data = random_market(3000, 0)
+    small = {"dqn": {"head_hidden": 16, "collect_steps": 4, "learn_steps": 2},
+             "ppo": {"rollout_steps": 4}}[model]  # fmt: skip
+    cfg = config_cls(hidden=(16, 16), compile_mode="aot", **small)
+    got, chosen = sizer.agent_sizes(agent_cls, cfg, EnvConfig(), data, SizeCache(tmp_path / "s"))
+    assert probed and chosen.fraction == "16/64"
+    assert got.compile_mode == "aot" and got.compile is None  # the task's own mode is kept
+
+
 @pytest.mark.parametrize("model", ["ppo", "pqn"])
 def test_on_policy_agents_fit_their_envs(model, tmp_path, monkeypatch):
     from foxhunt.train.agents import AGENTS

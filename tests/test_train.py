@@ -90,6 +90,10 @@ def test_a_task_compiled_ahead_of_time_resumes_and_retries_from_the_cache(demo_e
     dqn = dataclasses.replace(TINY, compile=True, compile_mode="aot")
     kw = dict(dqn=dqn, compile_cache=tmp_path / "cc", fold_ids=(0,))
     full = run_train(tiny_cfg(demo_es, tmp_path / "full", **kw), NullLogger())
+    # Its checkpoint serves as any other's: eager and uncompiled, ahead of time or not.
+    policy = Policy.load(next((tmp_path / "full").rglob("best.safetensors")))
+    assert (policy.cfg.compile, policy.cfg.compile_mode) == (False, "default")
+    assert policy.cfg.resolved(torch.device("cpu")).compile is False  # a config that holds
     # A package built again replaces the file (temporary name, then rename): a new inode. Its
     # modification time moves at each load (aot.mark_used).
     packages = {p: p.stat().st_ino for p in (tmp_path / "cc").rglob("*.pt2")}

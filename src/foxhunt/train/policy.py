@@ -64,7 +64,10 @@ class Policy:
         fields = {f.name for f in dataclasses.fields(config_cls)}
         raw = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()
                if k in fields}  # fmt: skip
-        cfg = config_cls(**raw | {"capture": "eager", "precision": "fp32", "compile": False})
+        acting = {"capture": "eager", "precision": "fp32", "compile": False}
+        if "compile_mode" in fields:  # a served policy compiles nothing, ahead of time or not
+            acting["compile_mode"] = "default"
+        cfg = config_cls(**raw | acting)
         return model, cfg, doc
 
     @classmethod

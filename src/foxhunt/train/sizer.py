@@ -210,8 +210,14 @@ def agent_sizes(agent_cls, cfg, env_cfg, data, cache: SizeCache | None = None):
     def at(scale: int) -> dict[str, int]:
         return {f: max(1, d * scale // top) for f, d in defaults.items()}
 
+    # The probe runs eager and uncompiled: a config set to compile ahead of time probes in the
+    # default mode, which then compiles nothing (aot with compile off is refused).
+    eager = {"capture": "eager", "compile": False}
+    if getattr(cfg, "compile_mode", None) == "aot":
+        eager["compile_mode"] = "default"
+
     def probe(scale: int) -> None:
-        c = dataclasses.replace(cfg, **at(scale), capture="eager", compile=False)
+        c = dataclasses.replace(cfg, **at(scale), **eager)
         agent = agent_cls(c, env_cfg, data, 0)
         agent.reset_fold(0, data.n, seed=0)
         agent.begin_epoch(0, 1)

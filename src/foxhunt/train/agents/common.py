@@ -122,10 +122,10 @@ COMPILED_PER_PROCESS = 64
 """Compiled versions of one agent method a process may hold (see `compiled`)."""
 
 
-def compiled(fn: Callable, combo: bool = False, **kw) -> Callable:
+def compiled(fn: Callable, combo: bool = False, options: dict | None = None, **kw) -> Callable:
     """torch.compile(fn, dynamic=False, **kw) for an agent's bound method; `combo` adds
     inductor's combo kernels (a graph's independent small kernels launched as one kernel: a
-    Triton option, which the DQN takes on a GPU).
+    Triton option, which the DQN takes on a GPU), and `options` further inductor options.
 
     Static shapes: another agent in the process, at other sizes, compiles its own (automatic
     dynamic shapes hit a Dynamo guard error in torch 2.11). Dynamo guards a method on the
@@ -147,12 +147,23 @@ def compiled(fn: Callable, combo: bool = False, **kw) -> Callable:
     cfg = torch._dynamo.config
     cfg.recompile_limit = max(cfg.recompile_limit, COMPILED_PER_PROCESS)
     torch._functorch.config.autograd_cache_allow_custom_autograd_functions = True
-    if combo:  # torch.compile takes a mode or options, not both
+    if combo or options:  # torch.compile takes a mode or options, not both
         import torch._inductor
 
         mode = kw.pop("mode", None) or "default"
-        kw["options"] = {**torch._inductor.list_mode_options(mode), "combo_kernels": True}
+        kw["options"] = {**torch._inductor.list_mode_options(mode), "combo_kernels": combo,
+                         **(options or {})}  # fmt: skip
     return torch.compile(fn, dynamic=False, **kw)
+
+
+COMBO_REORDER_ASSERTS = torch.__version__ < (2, 13)
+"""Torch before 2.13 (the GPU machines' 2.11): inductor asserts where it weighs reordering the
+loops of a fused node that holds a combo kernel (`FusedSchedulerNode.reorder_loops_by_dep_pair`;
+2.13 declines the reordering there instead). The stacked DQN's update at two agents stopped
+there (H200, torch 2.11, 2026-12-05; at eight agents it compiled). `NO_LOOP_REORDER` turns that
+reordering off for a graph with combo kernels on such a torch."""
+
+NO_LOOP_REORDER = {"loop_ordering_after_fusion": False} if COMBO_REORDER_ASSERTS else {}
 
 
 def autocast(precision: str, device: torch.device):

@@ -201,7 +201,8 @@ class DQNConfig:
     float32_outputs: bool = False
     """The value and advantage output layers in float32 outside the bf16 autocast: with costs
     on, holding and trading can differ by a fraction of a basis point, less than bf16 logits
-    resolve (docs/learning-notes.md, "GPU sizes, without the memory"). No effect in float32 (on a CPU)."""
+    resolve (docs/learning-notes.md, "GPU sizes, without the memory"). No effect in float32
+    (on a CPU)."""
     capture: Capture = "auto"
     """CUDA graphs for the collection block and the learning step (auto: on CUDA)."""
     compile: bool | None = None
