@@ -489,6 +489,53 @@ def test_captured_evaluation_in_pieces_gives_the_sequential_walk(compile_):
         assert torch.equal(pieces.last_positions, walk.last_positions)
 
 
+def aot_evaluation_walks(device: str, segments: int, n: int = 20_000):
+    """A DQN trained two epochs (fp32, eager), then its greedy walk over bars
+    [n - 5000, n - 1000) evaluated in `segments` pieces (captured on a GPU) three times: with
+    the step uncompiled, then with it compiled ahead of time by one evaluator and loaded from
+    the cache by the next. Returns the three (returns, trades, positions) and the packages in
+    the cache."""
+    from foxhunt.train.aot import cache_dir
+    from foxhunt.train.evaluate import Evaluator
+
+    data = random_market(n, 0, device)
+    cfg = DQNConfig(
+        hidden=(256, 128), envs=1024, collect_steps=16, learn_steps=24, batch_size=512,
+        replay_capacity=32_768, capture="eager", precision="fp32", noisy=False, n_step=3,
+        dense_inputs=False,
+    )  # fmt: skip
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
+    agent.reset_fold(1000, n - 6000, seed=3)
+    for _ in range(2):
+        agent.collect()
+        agent.learn()
+    walks = []
+    for compile_ in (False, "aot", "aot"):
+        capture = device == "cuda"  # (a CPU run checks the helper itself)
+        ev = Evaluator(EnvConfig(episode_bars=300), data, segments, capture, compile=compile_)
+        ev.reserve(4000)
+        r, f = ev.run(agent.greedy, n - 5000, n - 1000, graph=True)
+        walks.append((r.cpu().clone(), f.cpu().clone(), ev.last_positions.cpu().clone()))
+    return walks, sorted(cache_dir().glob("eval-RainbowAgent.greedy-*.pt2"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_evaluation_step_compiled_ahead_of_time_walks_as_the_uncompiled_one(
+    tmp_path, monkeypatch
+):
+    """Evaluator(compile="aot") on the GPU (what `foxhunt train` builds for an agent whose
+    steps are compiled ahead of time): a DQN's greedy walk in 1,024 captured pieces gives the
+    uncompiled captured walk's positions and trades, its returns to float tolerance (fp32);
+    the walk from the package another evaluator built gives the first's bit for bit."""
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    ((r0, f0, p0), (r1, f1, p1), (r2, f2, p2)), packages = aot_evaluation_walks("cuda", 1024)
+    assert len(packages) == 1, "one package, built once and then loaded"
+    assert torch.equal(r1, r2) and torch.equal(f1, f2) and torch.equal(p1, p2)
+    assert torch.equal(p1, p0) and torch.equal(f1, f0)
+    torch.testing.assert_close(r1, r0, rtol=1e-5, atol=1e-9)
+    assert p0.abs().sum() > 0, "the policy holds positions"
+
+
 NOISY = {"noisy": True, "epsilon": 0.0, "noise_per_env": True}  # per-env noise collecting
 NOISY_SHARED = {"noisy": True, "epsilon": 0.0}  # one shared sample a collection step
 
