@@ -283,6 +283,7 @@ def find_batch(cfg: BenchConfig, model: str, sets: dict, device: str) -> dict:
     build and a step in this process), and the accumulation reaching the effective batch."""
     import torch
 
+    from foxhunt.train.agents.common import uncompiled
     from foxhunt.train.sizer import MARGIN, cuda_peak, largest_fitting, powers_of_two
 
     known = _known_fields(model)
@@ -294,7 +295,7 @@ def find_batch(cfg: BenchConfig, model: str, sets: dict, device: str) -> dict:
     def step(n: int) -> None:
         spec = _spec(cfg, model, sets | {name: n}, device, "find", 0)
         spec |= {"warmup": 0, "epochs": 1, "bars": 200_000, "val_bars": 2_000}
-        spec["sets"] |= {"capture": "eager", "compile": False}
+        spec["sets"] |= uncompiled(spec["sets"].get("compile_mode"))
         if "error" in (r := run_workload(spec)) and "memory" in r["error"]:
             raise torch.cuda.OutOfMemoryError(r["error"])
 

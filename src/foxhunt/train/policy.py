@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
-from foxhunt.train.agents.common import state
+from foxhunt.train.agents.common import state, uncompiled
 from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise
 from foxhunt.train.env import DIRECTIONS, HOLD_SCALE, ORDER_TYPES, PORTFOLIO, SIZES
 
@@ -64,10 +64,7 @@ class Policy:
         fields = {f.name for f in dataclasses.fields(config_cls)}
         raw = {k: tuple(v) if isinstance(v, list) else v for k, v in resolved.items()
                if k in fields}  # fmt: skip
-        acting = {"capture": "eager", "precision": "fp32", "compile": False}
-        if "compile_mode" in fields:  # a served policy compiles nothing, ahead of time or not
-            acting["compile_mode"] = "default"
-        cfg = config_cls(**raw | acting)
+        cfg = config_cls(**raw | {"precision": "fp32"} | uncompiled(raw.get("compile_mode")))
         return model, cfg, doc
 
     @classmethod

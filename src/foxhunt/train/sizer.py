@@ -31,6 +31,7 @@ import torch
 
 from foxhunt.fsutil import write_json_atomic
 from foxhunt.train import distributed
+from foxhunt.train.agents.common import uncompiled
 
 log = logging.getLogger(__name__)
 
@@ -210,11 +211,7 @@ def agent_sizes(agent_cls, cfg, env_cfg, data, cache: SizeCache | None = None):
     def at(scale: int) -> dict[str, int]:
         return {f: max(1, d * scale // top) for f, d in defaults.items()}
 
-    # The probe runs eager and uncompiled: a config set to compile ahead of time probes in the
-    # default mode, which then compiles nothing (aot with compile off is refused).
-    eager = {"capture": "eager", "compile": False}
-    if getattr(cfg, "compile_mode", None) == "aot":
-        eager["compile_mode"] = "default"
+    eager = uncompiled(getattr(cfg, "compile_mode", None))  # a probe compiles nothing
 
     def probe(scale: int) -> None:
         c = dataclasses.replace(cfg, **at(scale), **eager)

@@ -102,6 +102,17 @@ def requested_compile(compile_mode: str | None, compile_: bool | None) -> bool |
     return True
 
 
+def uncompiled(compile_mode: str | None) -> dict:
+    """The settings that run a config eager and uncompiled (the device sizer's probes, a
+    served policy, the batch search of `foxhunt bench`): capture and compile off, and a config
+    set to compile ahead of time back to the default mode, which `requested_compile` would
+    otherwise refuse with compile off."""
+    out: dict = {"capture": "eager", "compile": False}
+    if compile_mode == "aot":
+        out["compile_mode"] = "default"
+    return out
+
+
 def resolve_runtime(
     device: torch.device, precision: str, capture: str, compile_: bool | None
 ) -> tuple[str, str, bool]:
