@@ -313,3 +313,43 @@ def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(
     want = agent.joint.index_select(0, torch.stack(qs).mean(0).argmax(-1))
     assert torch.equal(policy(t, port), want)
     assert not torch.equal(qs[0].argmax(-1), qs[1].argmax(-1))  # the members disagree somewhere
+
+
+def _fake_gpu_tries(monkeypatch, failure):
+    """find_batch's search with its GPU parts replaced: each try's "peak" is its size, and
+    `failure(n)` gives the error a try at size n reports (None: it ran)."""
+    import torch
+
+    from foxhunt.bench import workload
+    from foxhunt.train import sizer
+
+    tried = []
+
+    def run_workload(spec):
+        n = spec["sets"]["batch_size"]
+        tried.append(n)
+        return {"error": e} if (e := failure(n)) else {"epochs": []}
+
+    monkeypatch.setattr(workload, "run_workload", run_workload)
+    monkeypatch.setattr(sizer, "cuda_peak", lambda device, step: lambda n: (step(n), n)[1])
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (1 << 40, 1 << 40))
+    return tried
+
+
+def test_the_batch_finder_stops_at_memory_and_reports_any_other_failure(monkeypatch):
+    from foxhunt.bench.core import find_batch
+
+    cfg = BenchConfig(models=["dqn"], effective_batch=100_000)
+    tried = _fake_gpu_tries(monkeypatch, lambda n: "out of memory" if n > 4096 else None)
+    found = find_batch(cfg, "dqn", {}, "cuda")
+    assert found["field"] == "batch_size" and found["largest"] == 4096, found
+    assert found["accumulate"] == math.ceil(100_000 / 4096) and 4096 in tried
+    assert found["micro_batch"] * found["accumulate"] == found["effective_run"] >= 100_000
+
+    # A failure that is not memory says nothing about the size: it is reported, not counted as
+    # fitting (which would have driven the search to the largest size tried).
+    tried = _fake_gpu_tries(monkeypatch, lambda n: "ValueError: a bad field" if n > 4096 else None)
+    found = find_batch(cfg, "dqn", {}, "cuda")
+    assert "largest" not in found and found["field"] == "batch_size"
+    assert "not for memory" in found["error"] and "a bad field" in found["error"]
+    assert f"batch_size = {max(tried)}" in found["error"]

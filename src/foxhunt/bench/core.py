@@ -280,7 +280,8 @@ def gate(current: dict, baseline: dict, factor: float, p_max: float) -> list[str
 
 def find_batch(cfg: BenchConfig, model: str, sets: dict, device: str) -> dict:
     """The largest batch of `model` whose training step fits (the sizer's search, each try a
-    build and a step in this process), and the accumulation reaching the effective batch."""
+    build and a step in this process), and the accumulation reaching the effective batch. A
+    try that fails other than for memory ends the search: the result is then its error."""
     import torch
 
     from foxhunt.train.agents.common import uncompiled
@@ -296,13 +297,21 @@ def find_batch(cfg: BenchConfig, model: str, sets: dict, device: str) -> dict:
         spec = _spec(cfg, model, sets | {name: n}, device, "find", 0)
         spec |= {"warmup": 0, "epochs": 1, "bars": 200_000, "val_bars": 2_000}
         spec["sets"] |= uncompiled(spec["sets"].get("compile_mode"))
-        if "error" in (r := run_workload(spec)) and "memory" in r["error"]:
-            raise torch.cuda.OutOfMemoryError(r["error"])
+        if "error" in (r := run_workload(spec)):
+            if "memory" in r["error"]:
+                raise torch.cuda.OutOfMemoryError(r["error"])
+            # Any other failure says nothing about the size: counted as fitting, it would
+            # steer the search to the largest batch.
+            raise BenchError(f"{name} = {n}: the try failed, not for memory: {r['error']}")
 
     free, _ = torch.cuda.mem_get_info()
     budget = int(free * MARGIN)
-    size, peak = largest_fitting(cuda_peak(torch.device("cuda"), step),
-                                 powers_of_two(256, 1 << 22), budget)  # fmt: skip
+    try:
+        size, peak = largest_fitting(cuda_peak(torch.device("cuda"), step),
+                                     powers_of_two(256, 1 << 22), budget)  # fmt: skip
+    except BenchError as e:
+        print(f"  {model} batch finder: {e}", file=sys.stderr, flush=True)
+        return {"field": name, "error": str(e)}
     return {"field": name, "largest": size, "peak_bytes": peak, "budget_bytes": budget,
             **accumulation(size, cfg.effective_batch or size)}  # fmt: skip
 
