@@ -172,7 +172,8 @@ COMBO_REORDER_ASSERTS = torch.__version__ < (2, 13)
 loops of a fused node that holds a combo kernel (`FusedSchedulerNode.reorder_loops_by_dep_pair`;
 2.13 declines the reordering there instead). The stacked DQN's update at two agents stopped
 there (H200, torch 2.11, 2026-12-05; at eight agents it compiled). `NO_LOOP_REORDER` turns that
-reordering off for a graph with combo kernels on such a torch."""
+reordering off for a graph with combo kernels on such a torch; so compiled, the stacked GPU
+tests pass (H100, torch 2.11, 2026-12-05)."""
 
 NO_LOOP_REORDER = {"loop_ordering_after_fusion": False} if COMBO_REORDER_ASSERTS else {}
 
