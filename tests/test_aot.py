@@ -477,6 +477,34 @@ def test_the_package_key_changes_with_the_settings_the_layout_and_the_cpu(monkey
     assert len(keys) == 5
 
 
+def test_a_steps_inductor_options_reach_its_build_and_key_its_package(cache, monkeypatch):
+    """A step built with inductor options (the DQN's combo kernels on a GPU) gets them over
+    foxhunt's own in AOTInductor's build, and a package of its own; a step without options
+    keeps the key it had, so packages already built stay found."""
+    h = types.SimpleNamespace(w=torch.zeros(4))
+
+    def body(x):
+        h.w.add_(x * 2)
+
+    args = (torch.ones(4),)
+    plain = aot.package_path("toy", "s", aot.Bound(h), args)
+    seen = []
+    real = torch._inductor.aoti_compile_and_package
+
+    def spy(ep, package_path, inductor_configs):
+        seen.append(dict(inductor_configs))
+        return real(ep, package_path=package_path, inductor_configs=inductor_configs)
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", spy)
+    step = aot.Step(h, "toy", body, args, "s", h.w.clone, h.w.copy_,  # the trace runs it once
+                    options={"loop_ordering_after_fusion": False})  # fmt: skip
+    assert step.built and step.path != plain and step.path.exists()
+    assert seen[0]["loop_ordering_after_fusion"] is False
+    assert seen[0]["triton.autotune_at_compile_time"] is False  # foxhunt's own kept
+    step(torch.full((4,), 3.0))
+    assert h.w.tolist() == [6.0] * 4
+
+
 @pytest.mark.parametrize("cfg", [CFG, ON_POLICY["ppo"][1], ON_POLICY["pqn"][1]],
                          ids=["dqn", "ppo", "pqn"])  # fmt: skip
 def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused(cfg):

@@ -325,10 +325,10 @@ class _Wrap(nn.Module):
 
 
 def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
-          metadata: dict[str, str] | None = None) -> Path:  # fmt: skip
+          metadata: dict[str, str] | None = None, options: dict | None = None) -> Path:  # fmt: skip
     """Export the traced step and compile it with AOTInductor into the package `path`, with
-    `metadata` (written under a temporary name and renamed: tasks sharing the cache never read
-    half a package)."""
+    `metadata` and inductor's `options` over foxhunt's own (written under a temporary name and
+    renamed: tasks sharing the cache never read half a package)."""
     ex = tuple(x.detach().clone() for x in example)
     ep = torch.export.export(_Wrap(gm), ex, strict=False)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -340,7 +340,8 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     # it trips its bounds assert and ends the build (pytorch/pytorch#192143; the DQN's build
     # stopped in a device-side assert during that tuning, H100, torch 2.11, 2026-12-05).
     configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {},
-                               "triton.autotune_at_compile_time": False}  # fmt: skip
+                               "triton.autotune_at_compile_time": False,
+                               **(options or {})}  # fmt: skip
     linker = runtime_linker(path.parent)
     if linker:
         configs["cpp.cxx"] = (linker,)
@@ -608,10 +609,12 @@ class Step:
     together with torch's version, the device, foxhunt's source and the tensors' layout; a
     package that is there is loaded, one that is not is traced and built first. `prepare`
     runs before the trace and `restore` after it (the agent's snapshot and restore: the trace
-    runs the step once)."""
+    runs the step once). `options`: inductor's options for the build, which key the package
+    too."""
 
     def __init__(self, root: object, name: str, body: Callable, args: tuple, settings: str,
-                 prepare: Callable[[], Any], restore: Callable[[Any], None]):  # fmt: skip
+                 prepare: Callable[[], Any], restore: Callable[[Any], None],
+                 options: dict | None = None):  # fmt: skip
         if distributed.world()[1] > 1:
             raise ValueError(
                 f"aot: {name} runs in one of {distributed.world()[1]} data-parallel processes; "
@@ -619,6 +622,8 @@ class Step:
                 "(train data-parallel with compile_mode 'default')"
             )
         self.bound = Bound(root)
+        if options:
+            settings += f"\ninductor {sorted(options.items())!r}"
         self.path = package_path(name, settings, self.bound, args)
         self.loader = self._load_kept()
         self.built = self.loader is None
@@ -633,7 +638,7 @@ class Step:
             reshape_read_only_views(gm)
             used = drop_unused(gm, len(self.bound.bases))
             example = [*(self.bound.bases[i] for i in used), *args]
-            build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))})
+            build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))}, options)
             self.loader = self._load()
             prune(self.path.parent, days, keep=self.path)
         else:

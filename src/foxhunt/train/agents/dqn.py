@@ -50,6 +50,7 @@ from foxhunt.train import aot
 from foxhunt.train.agents import c51_triton
 from foxhunt.train.agents.common import (
     IN_DIM,
+    NO_LOOP_REORDER,
     STATE_DIM,
     AgentState,
     Capture,
@@ -99,6 +100,11 @@ SUPPORT_MARGIN = 1.5  # ... times this
 COMBO_KERNELS = True
 """A GPU agent's compiled steps launch a graph's independent small kernels as one (inductor's
 combo kernels, common.compiled); bench_train's `-nocombo` turns it off."""
+AOT_COMBO_KERNELS = False
+"""The same for the steps compiled ahead of time (a GPU's AOTInductor build with
+`combo_kernels`). Off until measured: the ahead-of-time learning step took 263 ms an epoch in
+bench_plan against torch.compile's 219 ms (H100, 2026-12-05); bench_train's `-combo` turns it
+on for its `-aot` variants."""
 
 
 @dataclass(frozen=True)
@@ -1068,6 +1074,9 @@ class RainbowAgent(FlatGrad, AgentState):
         """The learning and collection steps from the compile cache, traced and built first
         where they are not there (foxhunt.train.aot; the state is restored after the trace)."""
         settings = repr((self.cfg, self.env.cfg))
+        options = None
+        if self.device.type == "cuda" and AOT_COMBO_KERNELS:
+            options = {"combo_kernels": True, **NO_LOOP_REORDER}
         noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
         if noise == "rows":  # the per-env noise buffers, drawn into before each step
             for m in self.net.noisy_layers():
@@ -1077,10 +1086,10 @@ class RainbowAgent(FlatGrad, AgentState):
                   torch.ones(B, device=self.device))  # fmt: skip
         self.learn_aot = aot.Step(self, "dqn-learn",
                                   functools.partial(self._traced_step, self._learn_body), sample,
-                                  settings, self._before_trace, self.restore)  # fmt: skip
+                                  settings, self._before_trace, self.restore, options)  # fmt: skip
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
-                           self._before_trace, self.restore)  # fmt: skip
+                           self._before_trace, self.restore, options)  # fmt: skip
         self.collect_fn = lambda u, _noise: collect(u)
 
     def _before_trace(self) -> dict[str, torch.Tensor]:
