@@ -353,3 +353,24 @@ def test_the_batch_finder_stops_at_memory_and_reports_any_other_failure(monkeypa
     assert "largest" not in found and found["field"] == "batch_size"
     assert "not for memory" in found["error"] and "a bad field" in found["error"]
     assert f"batch_size = {max(tried)}" in found["error"]
+
+
+def test_the_report_shows_the_batch_finder(tmp_path, monkeypatch):
+    """`--find-batch` on a CPU: the report says why there is no batch; with a found batch and a
+    failed search (as on a GPU) it gives the batch, its memory and the micro-batches, or the
+    error."""
+    from foxhunt.bench.core import markdown
+
+    report = run_bench(BenchConfig(models=("dqn",), epochs=2, warmup=1, repeats=1,
+                                   in_process=True, threads=1, bars=3000, val_bars=300,
+                                   find_batch=True, out=tmp_path))  # fmt: skip
+    md = (tmp_path / "report.md").read_text()
+    assert "| dqn | - | needs a GPU and a model with a batch size |  |  |" in md
+    found = {"field": "batch_size", "largest": 65536, "peak_bytes": 3.5e9, "budget_bytes": 7e10,
+             **accumulation(65536, 100_000)}  # fmt: skip
+    report["workloads"]["dqn"]["batch_finder"] = found
+    assert "| dqn | batch_size | 65,536 | 3.50 / 70.00 GB | 100,000 = 2 x 50,000 |" in markdown(
+        report
+    )
+    report["workloads"]["dqn"]["batch_finder"] = {"field": "envs", "error": "envs = 512: failed"}
+    assert "| dqn | envs | envs = 512: failed |  |  |" in markdown(report)

@@ -376,6 +376,9 @@ def run_bench(cfg: BenchConfig) -> dict:
             w["batch_finder"] = find_batch(cfg, m, sets[m], device)
         report["workloads"][m] = w
         print(row(m, w), flush=True)
+        if "batch_finder" in w:
+            found = ", ".join(c for c in batch_cells(w["batch_finder"]) if c != "-")
+            print(f"{m:8s} batch finder: {found}", flush=True)
         # What is measured so far, kept if the run is stopped (the full report follows).
         write_json_atomic(cfg.out / "report.partial.json", report)
     timed = {m: w for m, w in report["workloads"].items() if w["status"] == "ok"}
@@ -488,6 +491,14 @@ def markdown(report: dict) -> str:
         for m, w in cmps.items():
             c = w["compare"]
             lines.append(f"| {m} | {c['ratio_b_over_a']:.3f} | {c['p']:.3g} |")
+    found = {m: w["batch_finder"] for m, w in report["workloads"].items() if "batch_finder" in w}
+    if found:
+        lines += ["", "Largest batch whose training step fits (`--find-batch`):", "",
+                  "| model | field | largest | peak / budget | effective batch |",
+                  "| --- | --- | --- | --- | --- |"]  # fmt: skip
+        for m, b in found.items():
+            cells = [*batch_cells(b), "", "", ""][:4]
+            lines.append(f"| {m} | {' | '.join(cells)} |")
     if "gate" in report:
         g = report["gate"]
         verdict = "; ".join(g["failures"]) if g["failures"] else "no model slower"
@@ -505,6 +516,17 @@ def markdown(report: dict) -> str:
             f"${a['energy_usd_per_kwh']}/kWh + ${a['local_usd_per_hour']}/h.",
         ]
     return "\n".join([*lines, ""])
+
+
+def batch_cells(b: dict) -> list[str]:
+    """A `find_batch` result as the report's cells: the field, the largest batch, its peak
+    memory of the budget, and the micro-batches reaching the effective batch; or the field and
+    why there is none."""
+    if "largest" not in b:
+        return [b.get("field", "-"), b.get("error") or b.get("skipped", "")]
+    return [b["field"], f"{b['largest']:,}",
+            f"{b['peak_bytes'] / 1e9:.2f} / {b['budget_bytes'] / 1e9:.2f} GB",
+            f"{b['effective_run']:,} = {b['accumulate']} x {b['micro_batch']:,}"]  # fmt: skip
 
 
 def log_mlflow(report: dict) -> None:
