@@ -111,6 +111,24 @@ def test_steps_compiled_ahead_of_time_match_eager_and_reload(precision, tmp_path
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_steps_compiled_ahead_of_time_with_combo_kernels_match_eager(tmp_path, monkeypatch):
+    """dqn.AOT_COMBO_KERNELS (off by default until its speed is measured): the packages built
+    with inductor's combo kernels give the eager step's numbers to float tolerance (fp32, one
+    epoch with one learning step), as the plain packages do."""
+    from foxhunt.train.agents import dqn
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(dqn, "AOT_COMBO_KERNELS", True)
+    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
+    s_a, p_a, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True,
+                             compile_mode="aot")  # fmt: skip
+    assert len(list((tmp_path / "foxhunt-aot").glob("*.pt2"))) == 2  # learning, collection
+    for k in s_e[0]:
+        assert s_a[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
+    torch.testing.assert_close(p_a, p_e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_triton_c51_target_computes_the_torch_forms_numbers(dtype):
     """c51_triton.next_target against dqn.c51_next_target (the torch form, itself tested
