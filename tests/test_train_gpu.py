@@ -266,13 +266,17 @@ def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: 
     per epoch, the final weights and the predictions of a range."""
     from foxhunt.train.agents.supervised import SupervisedAgent
     from foxhunt.train.models.cfc import CfCConfig
+    from foxhunt.train.models.mamba2 import Mamba2Config
+    from foxhunt.train.models.tft import TFTConfig
     from foxhunt.train.models.tlob import TLOBConfig
 
     data = gpu_data()
     sizes = dict(window=32, batch_size=256, steps=steps, capture=capture, precision=precision,
                  compile=None if compile_mode == "aot" else compile_,
                  compile_mode=compile_mode)  # fmt: skip
-    cfg = TLOBConfig(hidden=64, layers=2, **sizes) if model == "tlob" else CfCConfig(**sizes)
+    cfg = {"tlob": lambda: TLOBConfig(hidden=64, layers=2, **sizes),
+           "cfc": lambda: CfCConfig(**sizes), "mamba2": lambda: Mamba2Config(**sizes),
+           "tft": lambda: TFTConfig(dropout=0.0, **sizes)}[model]()  # fmt: skip
     agent = SupervisedAgent(cfg, EnvConfig(), data, seed=7)
     if capture == "graph":
         agent.capture()
@@ -354,13 +358,14 @@ def test_supervised_compiled_and_captured_step_matches_eager_within_float_tolera
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("model", ["tlob", "cfc"])
+@pytest.mark.parametrize("model", ["tlob", "cfc", "mamba2", "tft"])
 def test_supervised_steps_compiled_ahead_of_time_match_eager_and_reload(
     model, tmp_path, monkeypatch
 ):
     """compile_mode="aot" on the GPU: the training step's package captured in a CUDA graph,
     within float tolerance of the eager model (fp32), and a second model that loads the
-    package the first built, bit for bit against the first."""
+    package the first built, bit for bit against the first (TFT without dropout, which the
+    mode refuses)."""
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     s_e, p_e, _ = run_supervised("eager", model)
     built = run_supervised("graph", model, compile_mode="aot")
