@@ -362,6 +362,36 @@ def test_a_read_only_cache_keeps_the_loaders_mark_in_the_temporary_folder(
     assert not list(cache.glob("foxhunt-aot/loader-ok-*"))
 
 
+def test_the_loaders_mark_is_keyed_by_each_packages_own_link(tmp_path, monkeypatch):
+    """A package keeps how it was linked in its metadata, read back without loading it; the
+    loader's check of a package linked inductor's default way (where the compiler has no
+    static libstdc++) is not taken as passed by the mark of one linked with its own runtime,
+    nor the other way round. A package without the entry reads as the own runtime's."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    h = types.SimpleNamespace(w=torch.zeros(4))
+    bound = aot.Bound(h)
+    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
+    example = [*bound.bases, torch.ones(4)]
+    own = aot.build(gm, example, tmp_path / "own.pt2")
+    with monkeypatch.context() as mp:
+        mp.setattr(aot, "runtime_linker", lambda folder: None)
+        plain = aot.build(gm, example, tmp_path / "plain.pt2")
+    assert aot.package_link(own) == " ".join(aot.OWN_RUNTIME)
+    assert aot.package_link(plain) == aot.DEFAULT_LINK
+    assert aot.package_link(tmp_path / "none.pt2") == " ".join(aot.OWN_RUNTIME)
+
+    runs = []
+    run = subprocess.run
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: runs.append(a) or run(*a, **k))
+    for path in (own, own, plain, plain):
+        aot.check_loader(path, -1)
+    assert len(runs) == 2  # one check for each link, not one for both
+    assert len(list(tmp_path.glob("loader-ok-*"))) == 2
+
+
 def test_a_cpu_process_running_packages_keeps_its_freed_buffers():
     """aot.hold_heap: a buffer above glibc's mmap threshold, freed and taken again, comes back
     without its pages faulted in again (the memory stays with the process)."""

@@ -339,10 +339,11 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     # computes (a sampled slot, a chosen action) is then arbitrary, and a kernel reading through
     # it trips its bounds assert and ends the build (pytorch/pytorch#192143; the DQN's build
     # stopped in a device-side assert during that tuning, H100, torch 2.11, 2026-12-05).
-    configs: dict[str, Any] = {"aot_inductor.metadata": metadata or {},
+    linker = runtime_linker(path.parent)
+    link = " ".join(OWN_RUNTIME) if linker else DEFAULT_LINK
+    configs: dict[str, Any] = {"aot_inductor.metadata": {**(metadata or {}), LINK_KEY: link},
                                "triton.autotune_at_compile_time": False,
                                **(options or {})}  # fmt: skip
-    linker = runtime_linker(path.parent)
     if linker:
         configs["cpp.cxx"] = (linker,)
     try:
@@ -362,6 +363,31 @@ other copy there (another library's, loaded into the global scope; an older syst
 libstdc++ than the compiler's headers) takes its references; a package linked the default
 way fails in its constructor in either case (tests/test_aot_probe.py makes the first). The
 package's interface is C: no C++ object crosses it."""
+
+
+LINK_KEY = "foxhunt_link"
+"""A package's metadata entry: how it was linked (`OWN_RUNTIME`'s flags, or `DEFAULT_LINK`
+where the compiler has no static libstdc++)."""
+
+DEFAULT_LINK = "inductor's default"
+
+
+def package_link(path: Path) -> str:
+    """How the package `path` was linked: its `LINK_KEY` entry, read from the archive without
+    loading it (a package is a zip whose metadata files are JSON). `OWN_RUNTIME`'s flags for a
+    package without the entry (built before packages kept it) or one that cannot be read."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            meta = next((n for n in z.namelist() if n.endswith("_metadata.json")), None)
+            if meta is not None:
+                link = json.loads(z.read(meta)).get(LINK_KEY)
+                if isinstance(link, str) and link:
+                    return link
+    except (OSError, zipfile.BadZipFile, ValueError):
+        pass
+    return " ".join(OWN_RUNTIME)
 
 
 def compiler_wrapper(folder: Path, cxx: str, flags: tuple[str, ...] | list[str]) -> str:
@@ -536,15 +562,15 @@ torch._C._aoti.AOTIModelPackageLoader(*json.loads(sys.argv[1]))
 
 
 def check_loader(path: Path, index: int) -> None:
-    """Load `path` in a process of its own first, once per torch version and machine (a marker
-    file after the first success: beside the packages, or in the temporary folder where the
-    cache is mounted read-only; keyed by the link as well). Where torch's loader crashes (the
-    torch 2.11.0+cu130 of the H200 image we measure on ended the process with SIGSEGV on any
-    package linked inductor's default way, in the package's own constructor) the task stops
-    with an error saying so, rather than dying with the signal on every retry; a package that
-    fails to load without a crash is built again by the caller."""
+    """Load `path` in a process of its own first, once per torch version, machine and link (a
+    marker file after the first success: beside the packages, or in the temporary folder where
+    the cache is mounted read-only; the link is the package's own, `package_link`). Where
+    torch's loader crashes (the torch 2.11.0+cu130 of the H200 image we measure on ended the
+    process with SIGSEGV on any package linked inductor's default way, in the package's own
+    constructor) the task stops with an error saying so, rather than dying with the signal on
+    every retry; a package that fails to load without a crash is built again by the caller."""
     machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
-    link = " ".join(OWN_RUNTIME)
+    link = package_link(path)
     key = hashlib.sha256(f"{torch.__version__}\n{machine}\n{link}".encode()).hexdigest()[:16]
     # Beside the packages; where the cache is mounted read-only, in the temporary folder.
     markers = [
