@@ -177,6 +177,10 @@ tests pass (H100, torch 2.11, 2026-12-05)."""
 
 NO_LOOP_REORDER = {"loop_ordering_after_fusion": False} if COMBO_REORDER_ASSERTS else {}
 
+COMBO_NO_REORDER = {"combo_kernels": True, **NO_LOOP_REORDER}
+"""Inductor's options for a graph with combo kernels where that assert must not be met: the
+stacked DQN's compiled steps, and the DQN's packages built ahead of time with combo kernels."""
+
 
 def autocast(precision: str, device: torch.device):
     """bf16 autocast for matrix work; the callers keep softmax, returns, rewards and losses in

@@ -49,8 +49,8 @@ from torch import nn
 from foxhunt.train import aot
 from foxhunt.train.agents import c51_triton
 from foxhunt.train.agents.common import (
+    COMBO_NO_REORDER,
     IN_DIM,
-    NO_LOOP_REORDER,
     STATE_DIM,
     AgentState,
     Capture,
@@ -1074,9 +1074,7 @@ class RainbowAgent(FlatGrad, AgentState):
         """The learning and collection steps from the compile cache, traced and built first
         where they are not there (foxhunt.train.aot; the state is restored after the trace)."""
         settings = repr((self.cfg, self.env.cfg))
-        options = None
-        if self.device.type == "cuda" and AOT_COMBO_KERNELS:
-            options = {"combo_kernels": True, **NO_LOOP_REORDER}
+        options = COMBO_NO_REORDER if self.device.type == "cuda" and AOT_COMBO_KERNELS else None
         noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
         if noise == "rows":  # the per-env noise buffers, drawn into before each step
             for m in self.net.noisy_layers():

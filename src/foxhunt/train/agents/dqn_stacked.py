@@ -42,7 +42,7 @@ from torch.func import functional_call, vmap
 
 from foxhunt.train.agents import dqn
 from foxhunt.train.agents.common import (
-    NO_LOOP_REORDER,
+    COMBO_NO_REORDER,
     adam_step,
     capture_restoring,
     compiled,
@@ -324,7 +324,7 @@ class StackedRainbow:
         # Each learning step's uniform draws, row k agent k's (drawn in place: no stack).
         self.u_learn = torch.empty(len(self.agents), self.cfg.batch_size, device=self.device)
         combo = self.device.type == "cuda" and dqn.COMBO_KERNELS
-        jit = functools.partial(compiled, combo=combo, options=NO_LOOP_REORDER if combo else None)
+        jit = functools.partial(compiled, options=COMBO_NO_REORDER if combo else None)
         self._loss_fn = jit(self._losses) if self.cfg.compile else self._losses
         self._update = jit(self._update_record) if self.cfg.compile else self._update_record
         self._collect_fn = jit(self._collect_all) if self.cfg.compile else self._collect_all
