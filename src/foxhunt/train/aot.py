@@ -340,7 +340,7 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     # it trips its bounds assert and ends the build (pytorch/pytorch#192143; the DQN's build
     # stopped in a device-side assert during that tuning, H100, torch 2.11, 2026-12-05).
     linker = runtime_linker(path.parent)
-    link = " ".join(OWN_RUNTIME) if linker else DEFAULT_LINK
+    link = OWN_LINK if linker else DEFAULT_LINK
     configs: dict[str, Any] = {"aot_inductor.metadata": {**(metadata or {}), LINK_KEY: link},
                                "triton.autotune_at_compile_time": False,
                                **(options or {})}  # fmt: skip
@@ -366,16 +366,17 @@ package's interface is C: no C++ object crosses it."""
 
 
 LINK_KEY = "foxhunt_link"
-"""A package's metadata entry: how it was linked (`OWN_RUNTIME`'s flags, or `DEFAULT_LINK`
-where the compiler has no static libstdc++)."""
+"""A package's metadata entry: how it was linked (`OWN_LINK`, or `DEFAULT_LINK` where the
+compiler has no static libstdc++)."""
 
+OWN_LINK = " ".join(OWN_RUNTIME)
 DEFAULT_LINK = "inductor's default"
 
 
 def package_link(path: Path) -> str:
     """How the package `path` was linked: its `LINK_KEY` entry, read from the archive without
-    loading it (a package is a zip whose metadata files are JSON). `OWN_RUNTIME`'s flags for a
-    package without the entry (built before packages kept it) or one that cannot be read."""
+    loading it (a package is a zip whose metadata files are JSON). `OWN_LINK` for a package
+    without the entry (built before packages kept it) or one that cannot be read."""
     import zipfile
 
     try:
@@ -387,7 +388,7 @@ def package_link(path: Path) -> str:
                     return link
     except (OSError, zipfile.BadZipFile, ValueError):
         pass
-    return " ".join(OWN_RUNTIME)
+    return OWN_LINK
 
 
 def compiler_wrapper(folder: Path, cxx: str, flags: tuple[str, ...] | list[str]) -> str:
