@@ -309,8 +309,7 @@ def find_batch(cfg: BenchConfig, model: str, sets: dict, device: str) -> dict:
     try:
         size, peak = largest_fitting(cuda_peak(torch.device("cuda"), step),
                                      powers_of_two(256, 1 << 22), budget)  # fmt: skip
-    except BenchError as e:
-        print(f"  {model} batch finder: {e}", file=sys.stderr, flush=True)
+    except BenchError as e:  # run_bench prints it with the workload's line
         return {"field": name, "error": str(e)}
     return {"field": name, "largest": size, "peak_bytes": peak, "budget_bytes": budget,
             **accumulation(size, cfg.effective_batch or size)}  # fmt: skip
