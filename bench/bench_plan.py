@@ -15,7 +15,9 @@ month) cuts it into 3 folds of ~860k train bars. Two fresh processes in turn the
 `run_train` over it at the model's GPU defaults (no MLflow, no baselines, no resume), sharing
 one compile cache folder: each maps the cache, uploads it once, builds, compiles and captures,
 and trains every fold with a validation pass each epoch, the best checkpoint and the test.
-Reported per process: seconds from its start to the end of its first epoch and to its results,
+Reported per process: seconds from its start to the start of its first epoch (the goal's
+"starts its first epoch"), to the end of that epoch (its validation and checkpoint included),
+and to its results,
 the epochs' phases summed over all epochs (collection, learning, each epoch's validation: the
 times `foxhunt train` logs), the passes each epoch's validation took (`eval/val_passes`; at most
 evaluate.VAL_PASSES), the rest (the start, fold resets, each fold's exact val and test,
@@ -55,6 +57,8 @@ class Phases(NullLogger):  # each epoch's phases (collection, learning, validati
     def __init__(self):
         self.s, self.passes = {}, []
     def log_metrics(self, metrics, step=None):
+        if "time/fold_reset_ms" in metrics:  # logged as a fold's first epoch is about to start
+            marks.setdefault("first_epoch_start_s", time.time() - t0)
         for k, v in metrics.items():
             if k.startswith("time/") and k.endswith("_s") and k != "time/epoch_s":
                 self.s[k[5:-2]] = self.s.get(k[5:-2], 0.0) + v
@@ -146,7 +150,8 @@ def main() -> None:
                 print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
                       f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "
-                      f"results (first epoch done at {r['first_epoch_s']:.1f} s; {r['epochs']} "
+                      f"results (first epoch began at {r['first_epoch_start_s']:.2f} s, "
+                      f"done at {r['first_epoch_s']:.2f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
                 ph = r["phases_s"]
                 rest = r["total_s"] - sum(ph.values())
