@@ -30,11 +30,11 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 `-dense` (the state beside each hidden layer's input, `dense_inputs`, D2RL), `-optstep` (Adam's
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
 than `common.adam_step`), `-nocombo` (without inductor's combo kernels, which launch a graph's
-independent small kernels as one: `dqn.COMBO_KERNELS`), `-aot` (the DQN's collection and
+independent small kernels as one: `dqn.COMBO_KERNELS`, and with `-aot`
+`dqn.AOT_COMBO_KERNELS`), `-aot` (the DQN's collection and
 learning steps, PPO's and PQN's minibatch step, a supervised model's training step, compiled
 ahead of time by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by
-torch.compile), `-combo` (with `-aot`: the DQN's packages built with inductor's combo kernels,
-`dqn.AOT_COMBO_KERNELS`),
+torch.compile),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -301,11 +301,11 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     # update in three, rather than `common.adam_step` (patched while the variant traces).
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
     # -nocombo: without inductor's combo kernels (independent small kernels of a graph
-    # launched as one); -combo: with them in the packages built ahead of time.
+    # launched as one), compiled by torch.compile or ahead of time.
     with (
         mock.patch.object(common, "adam_step", step),
         mock.patch.object(dqn, "COMBO_KERNELS", "nocombo" not in opts),
-        mock.patch.object(dqn, "AOT_COMBO_KERNELS", "combo" in opts),
+        mock.patch.object(dqn, "AOT_COMBO_KERNELS", "nocombo" not in opts),
     ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 
