@@ -15,7 +15,8 @@ month) cuts it into 3 folds of ~860k train bars. Two fresh processes in turn the
 `run_train` over it at the model's GPU defaults (no MLflow, no baselines, no resume), sharing
 one compile cache folder: each maps the cache, uploads it once, builds, compiles and captures,
 and trains every fold with a validation pass each epoch, the best checkpoint and the test.
-Reported per process: seconds from its start to the start of its first epoch (the goal's
+Reported per process: seconds from its start to the end of its imports (the interpreter's
+start, torch's and foxhunt's imports), to the start of its first epoch (the goal's
 "starts its first epoch"), to the end of that epoch (its validation and checkpoint included),
 and to its results,
 the epochs' phases summed over all epochs (collection, learning, each epoch's validation: the
@@ -52,7 +53,7 @@ from pathlib import Path
 from foxhunt.bench.workload import model_config
 from foxhunt.train.core import TrainConfig, run_train
 from foxhunt.train.tracking import NullLogger
-cfg, marks = json.loads(sys.argv[3]), {}
+cfg, marks = json.loads(sys.argv[3]), {"imports_s": time.time() - t0}  # torch's, foxhunt's
 class Phases(NullLogger):  # each epoch's phases (collection, learning, validation), summed
     def __init__(self):
         self.s, self.passes = {}, []
@@ -150,7 +151,8 @@ def main() -> None:
                 print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
                       f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "
-                      f"results (first epoch began at {r['first_epoch_start_s']:.2f} s, "
+                      f"results (imports done at {r['imports_s']:.2f} s, first epoch began at "
+                      f"{r['first_epoch_start_s']:.2f} s, "
                       f"done at {r['first_epoch_s']:.2f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
                 ph = r["phases_s"]
