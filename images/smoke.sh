@@ -6,12 +6,53 @@
 #   images/smoke.sh gpu            the imports the train step needs (torch, triton), its C++
 #                                  compiler, a toy package compiled ahead of time and loaded
 #   images/smoke.sh mlflow         the MLflow server's command line
+#   images/smoke.sh bytecode PKG.. every module of these packages has bytecode that an import
+#                                  uses without checking its source (the cpu and gpu runs
+#                                  check torch's and foxhunt's)
 set -eu
-what=${1:?cpu, gpu or mlflow}
+what=${1:?cpu, gpu, mlflow or bytecode PKG...}
+
+bytecode() {
+    python - "$@" <<'PY'
+import importlib.util, sys
+from pathlib import Path
+bad, n = [], 0
+for name in sys.argv[1:]:
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        sys.exit(f"bytecode: {name} is not an importable package")
+    for root in spec.submodule_search_locations:
+        for py in sorted(Path(root).rglob("*.py")):
+            pyc = Path(importlib.util.cache_from_source(str(py)))
+            if pyc.exists():
+                with open(pyc, "rb") as f:
+                    flags = int.from_bytes(f.read(8)[4:8], "little")
+                n += 1
+                if flags != 1:  # PEP 552: 1 = hash-based, not checked against the source
+                    bad.append(f"{py}: its bytecode is checked against the source at import "
+                               f"(flags {flags}; compileall --invalidation-mode unchecked-hash)")
+                continue
+            try:  # a file this Python cannot parse stays source (compileall skips it too)
+                compile(py.read_bytes(), str(py), "exec")
+            except (SyntaxError, ValueError):
+                continue
+            bad.append(f"{py}: no bytecode ({pyc.name})")
+if bad:
+    sys.exit("bytecode: " + str(len(bad)) + " of the modules of " + ", ".join(sys.argv[1:])
+             + " lack bytecode used unchecked at import:\n  " + "\n  ".join(bad[:20]))
+print(f"bytecode: {n} modules of {', '.join(sys.argv[1:])}, each used unchecked at import")
+PY
+}
+
 case "$what" in
+bytecode)
+    shift
+    bytecode "$@"
+    ;;
 cpu)
     work=${2:-$(mktemp -d)}
     foxhunt --help >/dev/null
+    bytecode torch foxhunt
     python -c "import kfp.dsl.executor_main, polars, databento_dbn, talib, torch, mlflow, foxhunt.cli; print('imports: kfp executor, polars, databento_dbn, talib, torch', torch.__version__, 'mlflow', mlflow.__version__)"
     foxhunt synth --out "$work/raw" --symbols ES --start 2024-01-02 --end 2024-04-01 \
         --events-per-bar 5 >/dev/null
@@ -29,6 +70,7 @@ cpu)
     ;;
 gpu)
     foxhunt --help >/dev/null
+    bytecode torch foxhunt
     python -c "import torch, triton, kfp.dsl.executor_main, foxhunt.train; print('imports: torch', torch.__version__, 'CUDA', torch.version.cuda, 'triton', triton.__version__, '; CUDA device here:', torch.cuda.is_available())"
     # The compiler AOTInductor builds the steps compiled ahead of time with, and torch's loader
     # of what it builds: a toy package built and loaded, each in a process of its own.

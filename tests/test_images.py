@@ -3,6 +3,7 @@ before the code, a non-root user; every component runs in one of them. (Docker c
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -158,3 +159,48 @@ def test_images_local_builds_without_docker_and_images_pushes_all_three():
     assert [p.split("/")[-1].split(":")[0] for p in pushed] == [
         "foxhunt-cpu", "foxhunt-gpu", "foxhunt-mlflow"
     ]  # fmt: skip
+
+
+def test_the_images_carry_bytecode_their_imports_use_unchecked(tmp_path):
+    """The cpu and gpu images compile every module's bytecode unchecked against its source
+    (compileall --invalidation-mode unchecked-hash): pip's bytecode is checked against the
+    sources' times, which a builder that rewrites them leaves stale, and the image's user cannot
+    write new bytecode, so each process would compile torch again. The smoke run's check
+    (`images/smoke.sh bytecode PKG`) fails on a package without such bytecode, naming the file,
+    and passes once the Dockerfiles' own command has compiled it."""
+    smoke = (REPO / "images" / "smoke.sh").read_text()
+    commands = set()
+    for kind in ("cpu", "gpu"):
+        build_stage = DOCKERFILES[kind].read_text().rsplit("FROM ", 1)[0]
+        found = re.findall(r"RUN (python -m compileall .*--invalidation-mode unchecked-hash)"
+                           r" /opt/venv/lib", build_stage)  # fmt: skip
+        assert len(found) == 1, kind
+        commands.add(found[0])
+        section = smoke.split(f"\n{kind})\n", 1)[1].split(";;", 1)[0]
+        assert "bytecode torch foxhunt" in section, kind
+    (command,) = commands  # the same in both images
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "mod.py").write_text("Y = 2\n")
+    (pkg / "sub" / "later.py").write_text("def (:\n")  # no Python parses it: stays source
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONDONTWRITEBYTECODE": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}  # fmt: skip
+
+    def check():
+        return subprocess.run(["sh", str(REPO / "images" / "smoke.sh"), "bytecode", "pkg"],
+                              capture_output=True, text=True, env=env)  # fmt: skip
+
+    out = check()
+    assert out.returncode != 0
+    assert f"{pkg / 'sub' / 'mod.py'}: no bytecode" in out.stderr
+    assert "later.py" not in out.stderr
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(pkg)], capture_output=True)
+    out = check()  # pip's kind: checked against the sources' times
+    assert out.returncode != 0 and "checked against the source at import" in out.stderr
+    args = command.split()[3:]  # after `python -m compileall`, as the Dockerfiles run it
+    subprocess.run([sys.executable, "-m", "compileall", *args, str(pkg)], capture_output=True)
+    out = check()
+    assert out.returncode == 0, out.stderr
+    assert "3 modules of pkg, each used unchecked at import" in out.stdout
