@@ -103,7 +103,7 @@ combo kernels, common.compiled); bench_train's `-nocombo` turns it off."""
 AOT_COMBO_KERNELS = True
 """The same for the steps compiled ahead of time (a GPU's AOTInductor build with
 `combo_kernels`): an epoch of 0.268 s against 0.293 s without them (learning 249 against
-270 ms; H100, 2026-12-05, `bench_train --variants graph-bf16-aot,graph-bf16-aot-combo`, one
+270 ms; H100, 2026-12-05, `bench_train --variants graph-bf16-aot,graph-bf16-aot-nocombo`, one
 call). bench_train's `-nocombo` turns both off."""
 
 
