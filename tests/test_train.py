@@ -17,7 +17,7 @@ import torch
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
-from foxhunt.train.core import ResumeWriter, TrainError, resume_writer
+from foxhunt.train.core import ResumeWriter, TrainError, process_age, resume_writer
 from foxhunt.train.evaluate import VAL_PASSES
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
@@ -44,6 +44,41 @@ def test_same_seed_same_metrics_and_another_seed_differs(demo_es, tmp_path):
     c = run_train(tiny_cfg(demo_es, tmp_path / "c", fold_ids=(0,), seed=1), NullLogger())
     assert metrics_of(a) == metrics_of(b)
     assert metrics_of(a) != metrics_of(c)
+
+
+@pytest.mark.skipif(process_age() is None, reason="needs Linux's /proc")
+def test_process_age_counts_from_the_processs_start():
+    """process_age in a fresh interpreter that sleeps 0.6 s first: at least that, and no more
+    than the parent's own clock saw from before the child's start to its answer."""
+    code = ("import time; time.sleep(0.6); from foxhunt.train.core import process_age; "
+            "print(process_age())")  # fmt: skip
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    wall = time.monotonic() - t0
+    age = float(out.stdout)
+    assert 0.6 <= age <= wall + 0.02  # the clock's tick: 10 ms
+
+
+def test_the_task_logs_when_its_first_epoch_begins(demo_es, tmp_path, caplog):
+    """`time/task_start_s`, the process's age as the first epoch this call trains begins, is
+    logged once (not again at the second fold), with the progress line."""
+    logged = []
+
+    class Starts(NullLogger):
+        def log_metrics(self, metrics, step=None):
+            if "time/task_start_s" in metrics:
+                logged.append((metrics["time/task_start_s"], step))
+
+    before = process_age()
+    with caplog.at_level("INFO", logger="foxhunt.train.core"):
+        run_train(tiny_cfg(demo_es, tmp_path, epochs=1), Starts())
+    after = process_age()
+    if before is None:  # no /proc: nothing to log
+        assert logged == []
+        return
+    ((age, step),) = logged
+    assert before <= age <= after and step == 0
+    assert f"first epoch begins {age:.1f} s after the process started" in caplog.text
 
 
 NOISY_DENSE = dataclasses.replace(TINY, noisy=True, epsilon=0.0, dense_inputs=True)

@@ -364,6 +364,20 @@ class Eta:
         return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
+def process_age() -> float | None:
+    """Seconds since this process started (its interpreter's start and imports included), from
+    Linux's /proc to its clock's tick (10 ms); None where /proc does not tell."""
+    try:
+        with open("/proc/self/stat") as f:
+            stat = f.read()
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (proc(5))
+    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+
+
 class Clock:
     """Phase timer: CUDA events on a GPU (read once per epoch), wall time on a CPU."""
 
@@ -1045,6 +1059,11 @@ def _task(
         reset_s = clock.read()["fold_reset"]
         if first_epoch == 0:
             logger.log_metrics({"time/fold_reset_ms": reset_s * 1e3}, step=0)
+        if not trained and (age := process_age()) is not None:
+            # How long this process took to reach its first epoch: the interpreter, imports,
+            # data, build, compile or packages loaded, capture (a warm start's cost).
+            log.info("first epoch begins %.1f s after the process started", age)
+            logger.log_metrics({"time/task_start_s": age}, step=first_epoch)
 
         for epoch in range(first_epoch, cfg.epochs):
             # Early stopping, decided from the epochs done (so a resumed fold stops where an
