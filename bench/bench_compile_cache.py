@@ -109,6 +109,8 @@ def main() -> None:
         sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
         if args.aot:
             sets["compile_mode"] = "aot"
+            if model == "tft":  # the mode refuses dropout (its draws would not follow the seed)
+                sets["dropout"] = 0.0
         if args.cpu_smoke:
             seq = {"window": 8, "batch_size": 32, "steps": 2}  # the supervised models'
             sets |= {"tlob": seq | {"hidden": 8, "layers": 1}, "cfc": seq, "mamba2": seq,
