@@ -11,6 +11,9 @@ model's GPU defaults).
                                                     the kernels of one agent's steps and the stack's
     python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --uncompiled-sample
                                                     the stack's replay sample uncompiled
+    python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --compiled-grad-gather
+                                                    the stack's gradient gathered by one compiled
+                                                    function (dqn_stacked.COMPILED_GRAD_GATHER)
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
 agents each on a CUDA stream of its own (`streams`); for the DQN, K agents stacked into one
@@ -45,7 +48,7 @@ from foxhunt.bench.workload import (
     standard_market,
 )
 from foxhunt.train import demo
-from foxhunt.train.agents import AGENTS
+from foxhunt.train.agents import AGENTS, dqn_stacked
 from foxhunt.train.cohort import Cohort
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -113,6 +116,9 @@ def main() -> None:
     ap.add_argument("--uncompiled-sample", action="store_true",
                     help="the stack's replay sample without its two compiled parts "
                     "(dqn_stacked.sample_points, sampled_slots): what they buy")  # fmt: skip
+    ap.add_argument("--compiled-grad-gather", action="store_true",
+                    help="the stack's gradient gathered by one compiled function "
+                    "(dqn_stacked.COMPILED_GRAD_GATHER)")  # fmt: skip
     ap.add_argument("--sizes", choices=("default", "demo"), default="default",
                     help="the model's GPU defaults (the standard workload) or the demo's sizes "
                     "(foxhunt.train.demo: 512 DQN envs, batch 256, ...)")  # fmt: skip
@@ -120,6 +126,7 @@ def main() -> None:
                     help="the model config's fields over the chosen sizes (JSON values), "
                     "e.g. noisy=true epsilon=0")  # fmt: skip
     args = ap.parse_args()
+    dqn_stacked.COMPILED_GRAD_GATHER = args.compiled_grad_gather
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
     n = 20_000 if smoke else 2_000_000

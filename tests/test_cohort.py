@@ -11,6 +11,7 @@ import functools
 import pytest
 import torch
 
+from foxhunt.train.agents import dqn_stacked
 from foxhunt.train.agents.common import compiled, ensure_adam_state
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.ppo import PPOAgent, PPOConfig
@@ -87,12 +88,19 @@ STACKED = {
 # output wide, and a batched product that narrow runs another kernel than a lone one.)
 
 
+GATHERS = {"backward": False, "compiled-grad-gather": True}  # dqn_stacked.COMPILED_GRAD_GATHER
+
+
+@pytest.mark.parametrize("gather", list(GATHERS))
 @pytest.mark.parametrize("variant", list(STACKED))
-def test_stacked_agents_train_as_each_would_alone(variant):
+def test_stacked_agents_train_as_each_would_alone(variant, gather, monkeypatch):
     """Three DQN agents stacked into one (foxhunt.train.agents.dqn_stacked: each step the lone
     agent's code under vmap): each one's statistics every epoch and final weights equal
-    training it alone, bit for bit. At one thread: with more, a CPU splits a wide matrix
-    product or sum between its threads otherwise than a narrow one, and the last bits differ."""
+    training it alone, bit for bit, with the stack's gradient accumulated by the backward or
+    taken by autograd.grad and gathered at once. At one thread: with more, a CPU splits a wide
+    matrix product or sum between its threads otherwise than a narrow one, and the last bits
+    differ."""
+    monkeypatch.setattr(dqn_stacked, "COMPILED_GRAD_GATHER", GATHERS[gather])
     cfg, seeds = STACKED[variant], [11, 12, 13]
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -148,13 +156,16 @@ def test_stacked_agents_weights_lie_as_a_lone_agent_s_do():
                 assert b.storage_offset() * b.element_size() % 64 == 0 and b.is_contiguous()
 
 
-def test_stacked_agents_compiled_train_as_uncompiled():
+@pytest.mark.parametrize("gather", list(GATHERS))
+def test_stacked_agents_compiled_train_as_uncompiled(gather, monkeypatch):
     """The stack as a GPU runs it (compiled: the collection step, the losses and the update with
-    each agent's priorities and statistics, each under vmap), on the CPU against the uncompiled
-    stack: one epoch of two agents with the GPU defaults' exploration (noisy nets, a block's
-    noise drawn at its start, dense inputs), the same statistics and weights to float
-    tolerance. Where two actions' values tie to rounding a collection decision may go the
-    other way: the collection's shares within two of the epoch's decisions."""
+    each agent's priorities and statistics, each under vmap; with `compiled-grad-gather` the
+    gradient's gather too), on the CPU against the uncompiled stack: one epoch of two agents
+    with the GPU defaults' exploration (noisy nets, a block's noise drawn at its start, dense
+    inputs), the same statistics and weights to float tolerance. Where two actions' values tie
+    to rounding a collection decision may go the other way: the collection's shares within two
+    of the epoch's decisions."""
+    monkeypatch.setattr(dqn_stacked, "COMPILED_GRAD_GATHER", GATHERS[gather])
     cfg = DQNConfig(**SMALL_DQN, noisy=True, epsilon=0.0, noise_per_env=False, dense_inputs=True)
     data = random_market(3000, 0)
     runs = []

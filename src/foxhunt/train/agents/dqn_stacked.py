@@ -69,6 +69,14 @@ STACKED = (
 NOISE_BANKS = ("collect_noise", "learn_noise")
 # ... and those one configuration and one fold make the same for all: one tensor, shared.
 SHARED = ("z", "env.lo", "env.hi", "env.episode_bars")
+COMPILED_GRAD_GATHER = False
+"""The stacked learning step's gradient taken with `torch.autograd.grad` and gathered into the
+stacked rows by one compiled function (where the stack is compiled), rather than accumulated
+into each parameter's `.grad` and concatenated. Under vmap the backward hands the weights'
+gradients over transposed (each layer's [K, out, in] with its inner dimensions swapped), which
+autograd's accumulation copies to the parameters' layout one kernel a layer before the
+concatenation copies them again (8 layers with noisy nets). The same numbers either way; off
+until its speed is measured on a GPU (`bench_cohort.py --compiled-grad-gather`)."""
 
 
 def stackable(agents: Sequence) -> str | None:
@@ -329,6 +337,7 @@ class StackedRainbow:
         self._update = jit(self._update_record) if self.cfg.compile else self._update_record
         self._collect_fn = jit(self._collect_all) if self.cfg.compile else self._collect_all
         self._sample_parts = (jit(sample_points), jit(sampled_slots)) if self.cfg.compile else ()
+        self._gather = jit(self._gather_rows) if self.cfg.compile else self._gather_rows
 
     def __len__(self) -> int:
         return len(self.agents)
@@ -453,13 +462,20 @@ class StackedRainbow:
             torch.rand(u.shape[1], device=self.device, generator=a.gen, out=u[k])
         idx, w = self._sample(u)
         loss, per, aux = self._loss_fn(idx, w)
-        for p in self.P.values():  # backward hands over fresh gradient buffers
-            p.grad = None
-        loss.sum().backward()
-        K = len(self.agents)
-        self.W.grad = torch.cat([*(p.grad.reshape(K, -1) for p in self.P.values()),
-                                 self._grad_pad], 1)  # fmt: skip
+        if COMPILED_GRAD_GATHER:  # the gradients as the backward hands them over, gathered once
+            self.W.grad = self._gather(torch.autograd.grad(loss.sum(), list(self.P.values())))
+        else:
+            for p in self.P.values():  # backward hands over fresh gradient buffers
+                p.grad = None
+            loss.sum().backward()
+            self.W.grad = self._gather_rows([p.grad for p in self.P.values()])
         self._update(self.W.grad, idx, per, aux)
+
+    def _gather_rows(self, grads) -> torch.Tensor:
+        """The parameters' gradients ([K, *shape] each) as the stacked rows [K, P'], the
+        columns past the parameters zeros."""
+        K = len(self.agents)
+        return torch.cat([*(g.reshape(K, -1) for g in grads), self._grad_pad], 1)
 
     def _draw_learn(self) -> None:
         """Each agent's noise samples of the block, from its own generator (its own
