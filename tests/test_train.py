@@ -56,7 +56,7 @@ def test_process_age_counts_from_the_processs_start():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     wall = time.monotonic() - t0
     age = float(out.stdout)
-    assert 0.6 <= age <= wall + 0.02  # the clock's tick: 10 ms
+    assert 0.6 <= age <= wall + 0.05  # /proc counts in ticks of 10 ms
 
 
 def test_the_task_logs_when_its_first_epoch_begins(demo_es, tmp_path, caplog):
