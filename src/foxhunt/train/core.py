@@ -369,13 +369,12 @@ def process_age() -> float | None:
     Linux's /proc to its clock's tick (10 ms); None where /proc does not tell."""
     try:
         with open("/proc/self/stat") as f:
-            stat = f.read()
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
-    start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22, starttime (proc(5))
-    return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
 
 
 class Clock:
