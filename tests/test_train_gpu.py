@@ -76,15 +76,22 @@ def test_captured_iqn_step_matches_eager_within_float_tolerance():
     torch.testing.assert_close(pr_g, pr_e, rtol=1e-4, atol=1e-6)
 
 
+def assert_compiled_step_matches_eager(**compiled) -> None:
+    """One epoch with one learning step (fp32), captured and compiled as `compiled` says,
+    against the eager agent's: its statistics and weights within float tolerance (inductor
+    fuses differently)."""
+    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
+    s_c, p_c, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True, **compiled)
+    for k in s_e[0]:
+        assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
+    torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
     """The GPU default path (torch.compile'd loss and update inside CUDA graphs): inductor
     fuses differently, so within float tolerance, one epoch with one learning step."""
-    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
-    s_c, p_c, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True)
-    for k in s_e[0]:
-        assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
-    torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
+    assert_compiled_step_matches_eager()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -98,11 +105,7 @@ def test_steps_compiled_ahead_of_time_match_eager_and_reload(precision, tmp_path
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     kw = dict(compile_=True, compile_mode="aot")
     if precision == "fp32":
-        s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
-        s_a, p_a, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, **kw)
-        for k in s_e[0]:
-            assert s_a[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
-        torch.testing.assert_close(p_a, p_e, rtol=1e-4, atol=1e-6)
+        assert_compiled_step_matches_eager(compile_mode="aot")
     built = run_epochs("graph", precision, **kw)
     assert len(list((tmp_path / "foxhunt-aot").glob("*.pt2"))) == 2 + (precision == "fp32") * 2
     loaded = run_epochs("graph", precision, **kw)
@@ -122,13 +125,8 @@ def test_steps_compiled_ahead_of_time_without_combo_kernels_match_eager(tmp_path
 
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(dqn, "AOT_COMBO_KERNELS", False)
-    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
-    s_a, p_a, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True,
-                             compile_mode="aot")  # fmt: skip
+    assert_compiled_step_matches_eager(compile_mode="aot")
     assert len(list((tmp_path / "foxhunt-aot").glob("*.pt2"))) == 2  # learning, collection
-    for k in s_e[0]:
-        assert s_a[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
-    torch.testing.assert_close(p_a, p_e, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
