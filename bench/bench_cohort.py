@@ -11,8 +11,9 @@ model's GPU defaults).
                                                     the kernels of one agent's steps and the stack's
     python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --uncompiled-sample
                                                     the stack's replay sample uncompiled
-    python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --compiled-grad-gather
-                                                    the stack's gradient gathered by one compiled
+    python3 bench/bench_cohort.py --sizes demo --compile --forms stacked --no-compiled-grad-gather
+                                                    the stack's gradient accumulated by backward
+                                                    and concatenated, not gathered by one compiled
                                                     function (dqn_stacked.COMPILED_GRAD_GATHER)
 
 Forms: one agent alone; K agents one after another on the default stream (`sequential`); K
@@ -116,8 +117,9 @@ def main() -> None:
     ap.add_argument("--uncompiled-sample", action="store_true",
                     help="the stack's replay sample without its two compiled parts "
                     "(dqn_stacked.sample_points, sampled_slots): what they buy")  # fmt: skip
-    ap.add_argument("--compiled-grad-gather", action="store_true",
-                    help="the stack's gradient gathered by one compiled function "
+    ap.add_argument("--no-compiled-grad-gather", action="store_true",
+                    help="the stack's gradient accumulated by backward and concatenated, "
+                    "not gathered by one compiled function "
                     "(dqn_stacked.COMPILED_GRAD_GATHER)")  # fmt: skip
     ap.add_argument("--sizes", choices=("default", "demo"), default="default",
                     help="the model's GPU defaults (the standard workload) or the demo's sizes "
@@ -126,7 +128,7 @@ def main() -> None:
                     help="the model config's fields over the chosen sizes (JSON values), "
                     "e.g. noisy=true epsilon=0")  # fmt: skip
     args = ap.parse_args()
-    dqn_stacked.COMPILED_GRAD_GATHER = args.compiled_grad_gather
+    dqn_stacked.COMPILED_GRAD_GATHER = not args.no_compiled_grad_gather
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
     n = 20_000 if smoke else 2_000_000
