@@ -21,8 +21,9 @@ start, torch's and foxhunt's imports), to the start of its first epoch (the goal
 and to its results,
 the epochs' phases summed over all epochs (collection, learning, each epoch's validation: the
 times `foxhunt train` logs), the passes each epoch's validation took (`eval/val_passes`; at most
-evaluate.VAL_PASSES), the rest (the start, fold resets, each fold's exact val and test,
-checkpoints), and the test Sharpe (which says nothing here: the market is noise).
+evaluate.VAL_PASSES), the start (to the first epoch), the rest (fold resets, each fold's
+exact val and test, checkpoints), and the test Sharpe (which says nothing here: the market is
+noise).
 The evaluation's step is compiled (TrainConfig.compile_eval: the RL models' default) unless
 `--compile-eval off`; `--compile-eval both` runs the cold and warm processes with it compiled
 and then a third, warm, without: the A/B in one call.
@@ -61,10 +62,11 @@ class Phases(NullLogger):  # each epoch's phases (collection, learning, validati
         if "time/fold_reset_ms" in metrics:  # logged as a fold's first epoch is about to start
             marks.setdefault("first_epoch_start_s", time.time() - t0)
         for k, v in metrics.items():
-            if k.startswith("time/") and k.endswith("_s") and k != "time/epoch_s":
+            if k.startswith("time/") and k.endswith("_s") and k not in NOT_PHASES:
                 self.s[k[5:-2]] = self.s.get(k[5:-2], 0.0) + v
         if "eval/val_passes" in metrics:  # the passes each epoch's validation took
             self.passes.append(metrics["eval/val_passes"])
+NOT_PHASES = ("time/epoch_s", "time/task_start_s")  # their sum; the start, in the marks
 phases = Phases()
 if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
     cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
@@ -156,11 +158,11 @@ def main() -> None:
                       f"done at {r['first_epoch_s']:.2f} s; {r['epochs']} "
                       f"epochs; upload {r['upload_ms']:.0f} ms)", flush=True)  # fmt: skip
                 ph = r["phases_s"]
-                rest = r["total_s"] - sum(ph.values())
+                rest = r["total_s"] - sum(ph.values()) - r["first_epoch_start_s"]
                 print("  the epochs' phases summed: " + ", ".join(
-                    f"{k} {v:.1f} s" for k, v in ph.items()) + f"; the rest {rest:.1f} s (the "
-                    "start, each fold's reset, exact val and test, checkpoints)",
-                    flush=True)  # fmt: skip
+                    f"{k} {v:.1f} s" for k, v in ph.items()) + f"; the start "
+                    f"{r['first_epoch_start_s']:.1f} s; the rest {rest:.1f} s (each fold's "
+                    "reset, exact val and test, checkpoints)", flush=True)  # fmt: skip
                 vp = r["val_passes"]
                 if vp:
                     print(f"  each epoch's validation: {sum(vp) / len(vp):.2f} passes on average, "
