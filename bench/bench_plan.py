@@ -55,6 +55,7 @@ from foxhunt.bench.workload import model_config
 from foxhunt.train.core import TrainConfig, run_train
 from foxhunt.train.tracking import NullLogger
 cfg, marks = json.loads(sys.argv[3]), {"imports_s": time.time() - t0}  # torch's, foxhunt's
+NOT_PHASES = ("time/epoch_s", "time/task_start_s")  # their sum; the start, in the marks
 class Phases(NullLogger):  # each epoch's phases (collection, learning, validation), summed
     def __init__(self):
         self.s, self.passes = {}, []
@@ -66,7 +67,6 @@ class Phases(NullLogger):  # each epoch's phases (collection, learning, validati
                 self.s[k[5:-2]] = self.s.get(k[5:-2], 0.0) + v
         if "eval/val_passes" in metrics:  # the passes each epoch's validation took
             self.passes.append(metrics["eval/val_passes"])
-NOT_PHASES = ("time/epoch_s", "time/task_start_s")  # their sum; the start, in the marks
 phases = Phases()
 if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
     cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
