@@ -165,7 +165,8 @@ def test_the_images_carry_bytecode_their_imports_use_unchecked(tmp_path):
     """The cpu and gpu images compile every module's bytecode unchecked against its source
     (compileall --invalidation-mode unchecked-hash): pip's bytecode is checked against the
     sources' times, which a builder that rewrites them leaves stale, and the image's user cannot
-    write new bytecode, so each process would compile torch again. The smoke run's check
+    write new bytecode, so each process would compile torch again; pip compiles nothing, so
+    that it is written once. The smoke run's check
     (`images/smoke.sh bytecode PKG`) fails on a package without such bytecode, naming the file,
     and passes once the Dockerfiles' own command has compiled it."""
     smoke = (REPO / "images" / "smoke.sh").read_text()
@@ -176,6 +177,8 @@ def test_the_images_carry_bytecode_their_imports_use_unchecked(tmp_path):
                            r" /opt/venv/lib", build_stage)  # fmt: skip
         assert len(found) == 1, kind
         commands.add(found[0])
+        installs = re.findall(r"pip install ([^\n\\]*)", build_stage)  # written once, by it
+        assert len(installs) == 3 and all("--no-compile" in i for i in installs), (kind, installs)
         section = smoke.split(f"\n{kind})\n", 1)[1].split(";;", 1)[0]
         assert "bytecode torch foxhunt" in section, kind
     (command,) = commands  # the same in both images
