@@ -10,6 +10,7 @@ python -m pipelines submit train-baseline epochs=20 seeds=[0,1,2]
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from pathlib import Path
@@ -209,6 +211,23 @@ class QuietExecutor:
             print(*args, **kwargs)
 
 
+@contextlib.contextmanager
+def tasks_tmpdir():
+    """The tasks' temporary files in one folder, removed after them: each KFP lightweight step
+    writes its code to a folder of `mktemp -d` and leaves it (a pod's disk goes with the pod),
+    which on this machine would leave a folder in /tmp per task and run."""
+    before = os.environ.get("TMPDIR")
+    with tempfile.TemporaryDirectory(prefix="foxhunt-run-local-") as tmp:
+        os.environ["TMPDIR"] = tmp
+        try:
+            yield Path(tmp)
+        finally:
+            if before is None:
+                os.environ.pop("TMPDIR", None)
+            else:
+                os.environ["TMPDIR"] = before
+
+
 def run_local(name: str, params: dict, verbose: bool = False) -> None:
     from kfp import local
     from kfp.local import subprocess_task_handler
@@ -234,7 +253,8 @@ def run_local(name: str, params: dict, verbose: bool = False) -> None:
     if not verbose:  # each task's display name is for the Kubeflow UI; the local runner says so
         warnings.filterwarnings("ignore", message=r".*settings \['display_name'\] have no effect")
     t0 = time.perf_counter()
-    PIPELINES[name]("local")(**params)
+    with tasks_tmpdir():
+        PIPELINES[name]("local")(**params)
     print(f"\n{name} ran through KFP's local runner in {time.perf_counter() - t0:.0f} s")
     if name == "train-baseline":
         reports = sorted(

@@ -84,12 +84,19 @@ def run_pipeline(raw: Path, work: Path, tracking: str, cwd: Path, **change) -> s
         f"{k}={json.dumps(v) if not isinstance(v, str) else v}" for k, v in (TINY | change).items()
     ]
     params += [f"raw_dir={raw}", f"work_dir={work}"]
-    env = os.environ | {"MLFLOW_TRACKING_URI": tracking, "PYTHONPATH": str(REPO)}
+    tmp = cwd / "tmp"  # the run's temporary files: none left after it (KFP's steps leave some)
+    tmp.mkdir(exist_ok=True)
+    env = os.environ | {
+        "MLFLOW_TRACKING_URI": tracking,
+        "PYTHONPATH": str(REPO),
+        "TMPDIR": str(tmp),
+    }
     out = subprocess.run(
         [sys.executable, "-m", "pipelines", "run-local", "train-baseline", *params],
         cwd=cwd, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert not list(tmp.iterdir()), f"the run left temporary files: {list(tmp.iterdir())}"
     return out.stdout + out.stderr
 
 
