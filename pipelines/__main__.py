@@ -20,6 +20,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest.mock
 import warnings
 from pathlib import Path
 
@@ -216,16 +217,9 @@ def tasks_tmpdir():
     """The tasks' temporary files in one folder, removed after them: each KFP lightweight step
     writes its code to a folder of `mktemp -d` and leaves it (a pod's disk goes with the pod),
     which on this machine would leave a folder in /tmp per task and run."""
-    before = os.environ.get("TMPDIR")
     with tempfile.TemporaryDirectory(prefix="foxhunt-run-local-") as tmp:
-        os.environ["TMPDIR"] = tmp
-        try:
-            yield Path(tmp)
-        finally:
-            if before is None:
-                os.environ.pop("TMPDIR", None)
-            else:
-                os.environ["TMPDIR"] = before
+        with unittest.mock.patch.dict(os.environ, TMPDIR=tmp):
+            yield
 
 
 def run_local(name: str, params: dict, verbose: bool = False) -> None:
