@@ -34,7 +34,10 @@ independent small kernels as one: `dqn.COMBO_KERNELS`, and with `-aot`
 `dqn.AOT_COMBO_KERNELS`), `-aot` (the DQN's collection and
 learning steps, PPO's and PQN's minibatch step, a supervised model's training step, compiled
 ahead of time by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by
-torch.compile),
+torch.compile), `-flatgrad` (with `-aot`: the learning step's gradient taken for the flat
+parameter buffer itself, which autograd forms from a zero buffer of the flat's size per
+parameter, rather than for the parameters' views and concatenated, `common.FlatGrad`; its
+packages in a folder of their own, since the switch changes the trace, not the source),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -79,6 +82,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import kernel_profile, results_path, standard_market
+from foxhunt.train import aot
 from foxhunt.train.agents import AGENTS, c51_triton, common, dqn
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
 from foxhunt.train.agents.supervised import SupervisedAgent
@@ -269,8 +273,8 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
             if o[:1] in keys and o[1:].isdigit():
                 sizes[keys[o[0]]] = int(o[1:])
         piece = sizes.pop("predict_batch", None)
-        aot = "aot" in opts  # the mode turns compile on
-        mode = {"compile": None, "compile_mode": "aot"} if aot else {"compile": "compile" in opts}
+        ahead = "aot" in opts  # the mode turns compile on
+        mode = {"compile": None, "compile_mode": "aot"} if ahead else {"compile": "compile" in opts}
         ocfg = cls(capture=capture, precision=precision, **mode, **sizes)
         t0 = time.perf_counter()
         agent = agent_cls(ocfg, env_cfg, data, seed=0)
@@ -302,12 +306,30 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
     # -nocombo: without inductor's combo kernels (independent small kernels of a graph
     # launched as one), compiled by torch.compile or ahead of time.
+    # -flatgrad: the step compiled ahead of time takes its gradient for the flat buffer.
+    backward, cache = common.FlatGrad._backward, aot.cache_dir
+    if "flatgrad" in opts:
+        folder = aot.cache_dir() / "flatgrad"
+        backward, cache = flat_backward, lambda: folder
     with (
         mock.patch.object(common, "adam_step", step),
         mock.patch.object(dqn, "COMBO_KERNELS", "nocombo" not in opts),
         mock.patch.object(dqn, "AOT_COMBO_KERNELS", "nocombo" not in opts),
+        mock.patch.object(common.FlatGrad, "_backward", backward),
+        mock.patch.object(aot, "cache_dir", cache),
     ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
+
+
+def flat_backward(self, loss: torch.Tensor) -> None:
+    """`-flatgrad`: FlatGrad's `_backward` with the gradient of a step compiled ahead of time
+    taken for the flat buffer itself (autograd's backward of each parameter's view writes it
+    into a zero buffer of the flat's size, and those are added up)."""
+    if not self.aot:
+        loss.backward()
+        return
+    (g,) = torch.autograd.grad(loss, [self.flat])
+    self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
 
 
 def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0) -> None:

@@ -456,6 +456,53 @@ def test_views_of_one_buffer_are_one_input_and_see_each_others_writes(tmp_path):
     assert h.out.tolist() == [13.0, 16.0, 19.0, 22.0]
 
 
+def test_the_gradient_ahead_of_time_is_its_views_gradients_concatenated():
+    """FlatGrad inside a traced step: the gradient taken for the parameters' views and
+    concatenated is the flat buffer's own gradient bit for bit (two backward passes added up,
+    zeros for a parameter the loss leaves out), and the trace forms no zero buffer of the
+    flat's size, which autograd's backward of each view writes into when the gradient is
+    taken for the flat buffer itself."""
+    from foxhunt.train.agents import common
+
+    class Toy(common.FlatGrad):
+        aot = True
+
+        def __init__(self):
+            g = torch.Generator().manual_seed(0)
+            self.w, self.b, self.unused = (torch.nn.Parameter(torch.randn(*s, generator=g))
+                                           for s in ((3, 4), (3,), (5,)))  # fmt: skip
+            self.params = [self.w, self.b, self.unused]
+            self.flat = common.flatten_into_views(self.params)
+            self.x = torch.randn(6, 4, generator=g)
+
+        def step(self):
+            for k in (1.0, 2.0):
+                self._backward(k * (self.x @ self.w.t() + self.b).square().sum())
+            return self.flat.grad
+
+    def of_the_flat(self, loss):  # the gradient taken for the flat buffer itself
+        (g,) = torch.autograd.grad(loss, [self.flat])
+        self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
+
+    grads, zeros = {}, {}
+    for form in ("views", "flat"):
+        toy = Toy()
+        if form == "flat":
+            toy._backward = types.MethodType(of_the_flat, toy)
+        bound = aot.Bound(toy)
+        gm = aot.trace(bound, toy.step, ())
+        (grads[form],) = gm(*bound.bases)
+        n = toy.flat.numel()
+        zeros[form] = [nd for nd in gm.graph.nodes if "zeros" in str(nd.target)
+                       and nd.meta["val"].numel() == n]  # fmt: skip
+    assert torch.equal(grads["views"], grads["flat"])
+    toy = Toy()
+    (toy.x @ toy.w.t() + toy.b).square().sum().backward()
+    want = torch.cat([3 * toy.w.grad.reshape(-1), 3 * toy.b.grad, torch.zeros(5)])
+    torch.testing.assert_close(grads["views"], want)
+    assert zeros["flat"] and not zeros["views"]
+
+
 def test_only_views_whose_memory_is_not_written_after_them_become_reshapes():
     """Export may refuse a trace's view (its meta strides differ from the kernels'), so views
     become reshapes, but not one whose memory is written after it: a copy would miss the

@@ -334,8 +334,15 @@ class FlatGrad:
     (`flat`), in either of two forms. Eagerly (and under torch.compile), backward fills the
     parameters' gradients, which `_gather_grad` copies into the flat buffer's. Inside a step
     traced to be compiled ahead of time (`aot`, foxhunt.train.aot), the parameters are views
-    of the flat buffer to autograd as well, and the gradient is taken for the flat buffer
-    itself."""
+    of the flat buffer to autograd as well (not leaves, so backward fills no `.grad` of
+    theirs): the gradient is taken for them and concatenated into the flat buffer's.
+
+    Taken for the flat buffer itself instead, autograd's backward of each view writes the
+    view's gradient into a zero buffer of the flat's size and adds those up, and inductor keeps
+    many of them as buffers: the DQN's learning step built for a CPU wrote 11 buffers of its
+    434,349 floats a step that way, against the one concatenation now (the same numbers bit
+    for bit). On a GPU the two forms have not been timed against each other yet: bench_train's
+    `-flatgrad` switch restores the other."""
 
     aot = False
     flat: torch.Tensor
@@ -353,7 +360,8 @@ class FlatGrad:
         if not self.aot:
             loss.backward()
             return
-        (g,) = torch.autograd.grad(loss, [self.flat])
+        grads = torch.autograd.grad(loss, self.params, allow_unused=True, materialize_grads=True)
+        g = torch.cat([x.reshape(-1) for x in grads])
         self.flat.grad = g if self.flat.grad is None else self.flat.grad + g
 
     def _gather_grad(self) -> None:
