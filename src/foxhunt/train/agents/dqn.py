@@ -141,9 +141,10 @@ class DQNConfig:
     defaults to 0). Default: on a GPU, with `dense_inputs`; epsilon-greedy on a CPU. On the
     demo market at the GPU sizes, costs on, noisy nets with dense inputs earned a test Sharpe of
     22.64 +- 0.37 over six seeds against 18.76 +- 0.58 for epsilon-greedy without (1.15 and
-    0.95 of the cost-aware ridge); with costs off both earn ridge's figure. They cost 12% more
-    an epoch of the standard workload (0.280 s against 0.250 s on an H200). At the CPU sizes
-    epsilon-greedy 0.1 earns as much, for two thirds of the time (docs/learning-notes.md)."""
+    0.95 of the cost-aware ridge); with costs off both earn ridge's figure. They cost 6% more
+    an epoch of the standard workload (0.252 s against 0.238 s on an H200, 2026-12-05). At the
+    CPU sizes epsilon-greedy 0.1 earns as much, for two thirds of the time
+    (docs/learning-notes.md)."""
     noisy_sigma0: float = 0.5
     """Initial noise scale sigma_0 of the noisy layers (sigma = sigma_0 / sqrt(fan_in))."""
     noise_per_env: bool = False

@@ -7,8 +7,8 @@ every collection step and learning step runs the single agent's own code
 (`RainbowAgent._collect_act`, `RainbowAgent._loss`) once under `torch.func.vmap`, compiled as
 the lone agent's is (C51's Triton target through its vmap rule: the K agents' samples as one
 batch): about as many kernels as one agent, each K times wider. On an H100 at the demo's sizes,
-compiled and captured, 8 stacked agents train an epoch in 1.85x one agent's time (2.03x
-with noisy nets; docs/performance.md, "Many agents on one GPU").
+compiled and captured, 8 stacked agents train an epoch in 1.74x one agent's time (1.78x
+with noisy nets; 2026-12-05, docs/performance.md, "Many agents on one GPU").
 
 Each agent stays a whole `RainbowAgent`: its weights, Adam moments, replay, envs and statistics
 become views of the stacked tensors, so its evaluation, checkpoints, resume files and
