@@ -38,6 +38,9 @@ torch.compile), `-flatgrad` (with `-aot`: the learning step's gradient taken for
 parameter buffer itself, which autograd forms from a zero buffer of the flat's size per
 parameter, rather than for the parameters' views and concatenated, `common.FlatGrad`; its
 packages in a folder of their own, since the switch changes the trace, not the source),
+`-reorder` (with `-aot`: the packages' combo kernels built with inductor's loop reordering after
+fusion, which `common.COMBO_NO_REORDER` turns off on torch before 2.13 and torch.compile's lone
+agent keeps),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -304,19 +307,23 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
     # -optstep: Adam's step through torch.optim's method, whose graph breaks cut the compiled
     # update in three, rather than `common.adam_step` (patched while the variant traces).
     step = (lambda opt, flat: opt.step()) if "optstep" in opts else common.adam_step
-    # -nocombo: without inductor's combo kernels (independent small kernels of a graph
-    # launched as one), compiled by torch.compile or ahead of time.
-    # -flatgrad: the step compiled ahead of time takes its gradient for the flat buffer.
+    # -flatgrad: a step compiled ahead of time takes its gradient for the flat buffer, its
+    # packages in a folder of their own (the switch changes the trace, not the source).
     backward, cache = common.FlatGrad._backward, aot.cache_dir
     if "flatgrad" in opts:
         folder = aot.cache_dir() / "flatgrad"
         backward, cache = flat_backward, lambda: folder
+    # -reorder: the packages' combo kernels with the loop reordering (the options key them).
+    combo_aot = {"combo_kernels": True} if "reorder" in opts else dqn.COMBO_NO_REORDER
     with (
         mock.patch.object(common, "adam_step", step),
+        # -nocombo: without inductor's combo kernels (independent small kernels of a graph
+        # launched as one), compiled by torch.compile or ahead of time.
         mock.patch.object(dqn, "COMBO_KERNELS", "nocombo" not in opts),
         mock.patch.object(dqn, "AOT_COMBO_KERNELS", "nocombo" not in opts),
         mock.patch.object(common.FlatGrad, "_backward", backward),
         mock.patch.object(aot, "cache_dir", cache),
+        mock.patch.object(dqn, "COMBO_NO_REORDER", combo_aot),
     ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
 
