@@ -39,8 +39,8 @@ run: synth ## Demo data, then train-baseline through KFP's local runner (MLflow 
 	@echo "ingested Parquet:    $(DATA)/ingested        (manifest.json: inputs, rows, validation)"
 	@echo "fxcache:             $(DATA)/fxcache         (foxhunt fxcache ls; docs/features.md)"
 	@echo "walk-forward folds:  $(DATA)/folds"
-	@echo "training runs:       $(DATA)/runs            (checkpoints, results.json)"
-	@echo "report:              $(DATA)/report          (report.md, report.html, equity curves)"
+	@echo "training runs:       $(DATA)/runs/<run id>   (checkpoints, results.json)"
+	@echo "report:              $(DATA)/report/<run id> (report.md, report.html, equity curves)"
 	@echo "MLflow:              make ui                 (http://127.0.0.1:5000)"
 
 compile: setup ## Compile every pipeline to build/<name>.yaml (cluster) and build/<name>.local.yaml
