@@ -5,7 +5,9 @@ compile cache and one configuration where they can."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import re
 import subprocess
 import sys
 import time
@@ -252,14 +254,21 @@ print(a.read_stats()["losses/loss"])
 
 def test_a_broken_package_is_built_again(cache, caplog):
     """A package in the cache that cannot be loaded (here cut short) is rebuilt, with a
-    warning naming it, and the agent trains as with the package it replaces."""
+    warning naming it and the build's start and end logged, and the agent trains as with the
+    package it replaces; a package that loads is not built, and says nothing."""
+    caplog.set_level(logging.INFO, logger="foxhunt.train.aot")
     first = train(CFG, epochs=1)
     path = first.learn_aot.path
+    caplog.clear()
+    assert not train(CFG, epochs=1).learn_aot.built
+    assert "aot: building" not in caplog.text and " built in " not in caplog.text
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     again = train(CFG, epochs=1)
     assert again.learn_aot.built
     assert f"aot: {path.name} could not be loaded" in caplog.text
+    assert "aot: building dqn-learn: no package for this torch" in caplog.text
+    assert re.search(rf"aot: dqn-learn built in \d+\.\d s: {re.escape(path.name)}", caplog.text)
     assert torch.equal(first.flat, again.flat)
 
 

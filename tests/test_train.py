@@ -59,6 +59,29 @@ def test_process_age_counts_from_the_processs_start():
     assert 0.6 <= age <= wall + 0.05  # /proc counts in ticks of 10 ms
 
 
+def test_compiling_and_capturing_a_tasks_steps_is_logged_with_its_time(caplog):
+    """On a GPU a task compiles and captures its steps before its first epoch (a minute or more
+    on a cold compile cache): the log says so before the capture and how long it took after."""
+    import re
+    import types
+
+    from foxhunt.train.core import capture_logged
+
+    for compiles, first, done in ((True, "compiling and capturing the training steps (minutes",
+                                   "compiled and captured"),
+                                  (False, "capturing the training steps", "captured")):  # fmt: skip
+        seen: list[int] = []  # the log's records when the capture ran
+        cfg = types.SimpleNamespace(compile=compiles)
+        agent = types.SimpleNamespace(cfg=cfg, capture=lambda s=seen: s.append(len(caplog.records)))
+        caplog.clear()
+        with caplog.at_level("INFO", logger="foxhunt.train.core"):
+            capture_logged(agent)
+        lines = [r.getMessage() for r in caplog.records]
+        assert seen == [1] and len(lines) == 2, (seen, lines)  # captured once, between the lines
+        assert lines[0].startswith(first), lines
+        assert re.fullmatch(rf"training steps {done} in \d+\.\d s", lines[1]), lines
+
+
 def test_the_task_logs_when_its_first_epoch_begins(demo_es, tmp_path, caplog):
     """`time/task_start_s`, the process's age as the first epoch this call trains begins, is
     logged once (not again at the second fold), with the progress line."""

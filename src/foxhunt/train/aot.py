@@ -657,6 +657,9 @@ class Step:
         if self.built:
             days = keep_days()  # a bad setting is refused before the build, not after
             check_compiler(name)
+            log.info("aot: building %s: no package for this torch, machine, source and "
+                     "settings in %s yet", name, self.path.parent)  # fmt: skip
+            t0 = time.perf_counter()
             saved = prepare()
             try:
                 gm = trace(self.bound, body, args)
@@ -667,6 +670,7 @@ class Step:
             example = [*(self.bound.bases[i] for i in used), *args]
             build(gm, example, self.path, {INPUTS_KEY: ",".join(map(str, used))}, options)
             self.loader = self._load()
+            log.info("aot: %s built in %.1f s: %s", name, time.perf_counter() - t0, self.path.name)
             prune(self.path.parent, days, keep=self.path)
         else:
             mark_used(self.path)

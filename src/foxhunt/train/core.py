@@ -762,7 +762,7 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
         stacked = StackedRainbow(built)
         log.info("the %d seeds' agents stacked into one (foxhunt.train.agents.dqn_stacked)", n)
         if built[0].cfg.capture == "graph":
-            stacked.capture()
+            capture_logged(stacked)
     for i in range(n):
         advance(i, stacked is not None)
     while any(w is not None for w in wants):
@@ -794,6 +794,22 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
         for i in ready:
             advance(i)
     return out
+
+
+def capture_logged(agent) -> None:
+    """`agent.capture()` (its steps compiled where they are, warmed up and captured in CUDA
+    graphs) between two log lines, with its time: on a cold compile cache it takes a minute
+    or more, which a task's log should not pass over in silence."""
+    if getattr(agent.cfg, "compile", False):
+        log.info("compiling and capturing the training steps (minutes on a cold compile cache, "
+                 "seconds on a warm one)")  # fmt: skip
+        done = "compiled and captured"
+    else:
+        log.info("capturing the training steps")
+        done = "captured"
+    t0 = time.perf_counter()
+    agent.capture()
+    log.info("training steps %s in %.1f s", done, time.perf_counter() - t0)
 
 
 def use_compile_cache(root: Path) -> Path:
@@ -980,7 +996,7 @@ def _task(
     sizing = sizing or getattr(agent, "sizing", None)  # the supervised batch sizes itself
     stacked = yield _Built(agent)  # stacked with the other tasks' agents (`_drive`)?
     if agent.cfg.capture == "graph" and not stacked:
-        agent.capture()
+        capture_logged(agent)
     segments = cfg.eval_segments or default_segments(device)
     compile_eval = cfg.resolved_compile_eval() and bool(getattr(agent.cfg, "compile", False))
     if compile_eval and getattr(agent.cfg, "compile_mode", None) == "aot":
