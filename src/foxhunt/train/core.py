@@ -786,7 +786,7 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
             else:
                 for a in agents:
                     if stacked is not None and a.cfg.capture == "graph" and not a.graphs:
-                        a.capture()
+                        capture_logged(a)
                 train_epoch(agents, streams and [streams[i] for i in ready], mark)
         else:  # every task left waits at a fold's start: the earliest fold's go on together
             first = min(w.position for w in wants if w is not None)
