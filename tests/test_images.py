@@ -166,9 +166,9 @@ def test_the_images_carry_bytecode_their_imports_use_unchecked(tmp_path):
     (compileall --invalidation-mode unchecked-hash): pip's bytecode is checked against the
     sources' times, which a builder that rewrites them leaves stale, and the image's user cannot
     write new bytecode, so each process would compile torch again; pip compiles nothing, so
-    that it is written once. The smoke run's check
-    (`images/smoke.sh bytecode PKG`) fails on a package without such bytecode, naming the file,
-    and passes once the Dockerfiles' own command has compiled it."""
+    that it is written once. The smoke run's check (`images/smoke.sh bytecode PKG`) fails on a
+    package without such bytecode, naming the file, and passes once the Dockerfiles' own command
+    has compiled it."""
     smoke = (REPO / "images" / "smoke.sh").read_text()
     commands = set()
     for kind in ("cpu", "gpu"):

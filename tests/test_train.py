@@ -5,9 +5,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +19,13 @@ import torch
 from foxhunt.cli import main
 from foxhunt.fxcache import FxCache
 from foxhunt.train import DQNConfig, EnvConfig, TrainConfig, demo, run_train, train_seeds
-from foxhunt.train.core import ResumeWriter, TrainError, process_age, resume_writer
+from foxhunt.train.core import (
+    ResumeWriter,
+    TrainError,
+    capture_logged,
+    process_age,
+    resume_writer,
+)
 from foxhunt.train.evaluate import VAL_PASSES
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
@@ -62,11 +70,6 @@ def test_process_age_counts_from_the_processs_start():
 def test_compiling_and_capturing_a_tasks_steps_is_logged_with_its_time(caplog):
     """On a GPU a task compiles and captures its steps before its first epoch (a minute or more
     on a cold compile cache): the log says so before the capture and how long it took after."""
-    import re
-    import types
-
-    from foxhunt.train.core import capture_logged
-
     for compiles, first, done in ((True, "compiling and capturing the training steps (minutes",
                                    "compiled and captured"),
                                   (False, "capturing the training steps", "captured")):  # fmt: skip
