@@ -341,8 +341,9 @@ class FlatGrad:
     view's gradient into a zero buffer of the flat's size and adds those up, and inductor keeps
     many of them as buffers: the DQN's learning step built for a CPU wrote 11 buffers of its
     434,349 floats a step that way, against the one concatenation now (the same numbers bit
-    for bit). On a GPU the two forms have not been timed against each other yet: bench_train's
-    `-flatgrad` switch restores the other."""
+    for bit). On a GPU the DQN's standard epoch took 0.246 s against 0.257 s that way (learning
+    227.9 against 239.1 ms; H100, 2026-12-05, one call); bench_train's `-flatgrad` switch
+    restores the other."""
 
     aot = False
     flat: torch.Tensor
