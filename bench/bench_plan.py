@@ -5,8 +5,10 @@ compile cache.
     python3 bench/bench_plan.py [--model dqn] [--epochs 50]     on a CUDA device (goal, issue
                                 [--eval-segments N]              18: <= 30 s on one H200)
                                 [--compile-eval {on,off,both}]
-                                [--aot]                          the agent's steps compiled
-                                                                 ahead of time (AOTInductor)
+                                [--compile-mode {default,aot,auto}]  the agent's steps by
+                                                                 torch.compile (the default), ahead
+                                                                 of time (AOTInductor; --aot), or
+                                                                 as `foxhunt train` chooses (dqn)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -59,6 +61,9 @@ NOT_PHASES = ("time/epoch_s", "time/task_start_s")  # their sum; the start, in t
 class Phases(NullLogger):  # each epoch's phases (collection, learning, validation), summed
     def __init__(self):
         self.s, self.passes = {}, []
+    def start_task(self, name, params, tags, resume_id=None, dataset=None):
+        marks["compile_mode"] = params[cfg["model"]].get("compile_mode")  # as resolved
+        return ""
     def log_metrics(self, metrics, step=None):
         if "time/fold_reset_ms" in metrics:  # logged as a fold's first epoch is about to start
             marks.setdefault("first_epoch_start_s", time.time() - t0)
@@ -97,9 +102,15 @@ def main() -> None:
         "--compile-eval", default="on", choices=("on", "off", "both"),
         help="TrainConfig.compile_eval (both: cold and warm on, then warm off)",
     )  # fmt: skip
-    ap.add_argument("--aot", action="store_true",
-                    help="the agent with compile_mode='aot' (foxhunt.train.aot)")  # fmt: skip
+    ap.add_argument("--compile-mode", default="default", choices=("default", "aot", "auto"),
+                    help="the agent's compile_mode: torch.compile's default, 'aot' "
+                    "(foxhunt.train.aot) or 'auto' (the DQN's own default: 'aot' on a GPU where "
+                    "it can run)")  # fmt: skip
+    ap.add_argument("--aot", action="store_const", const="aot", dest="compile_mode",
+                    help="--compile-mode aot")  # fmt: skip
     args = ap.parse_args()
+    if args.compile_mode == "auto" and args.model != "dqn":
+        ap.error("--compile-mode auto: the DQN's alone")
     src = str(Path(__file__).resolve().parents[1] / "src")
     out = results_path("bench_plan.json")
     smoke = args.cpu_smoke
@@ -123,8 +134,8 @@ def main() -> None:
                "compile_eval": args.compile_eval != "off"}  # fmt: skip
         if args.model == "dqn":  # the standard workload's exploration, not the GPU defaults
             cfg["dqn"] = dict(STANDARD_DQN)
-        if args.aot:
-            cfg[args.model] = cfg.get(args.model, {}) | {"compile": True, "compile_mode": "aot"}
+        # (compile itself left to the device: on a GPU, on; "aot" turns it on anywhere)
+        cfg[args.model] = cfg.get(args.model, {}) | {"compile_mode": args.compile_mode}
         if smoke:
             small = ({"envs": 64, "batch_size": 64, "learn_steps": 8, "collect_steps": 8,
                       "replay_capacity": 4096} if args.model == "dqn" else
@@ -149,7 +160,9 @@ def main() -> None:
             if "error" in r:
                 print(f"{phase}: FAILED (rc {r['rc']}; {r['log']}): {r['error']}", flush=True)
             else:
-                how = ", steps compiled ahead of time" if args.aot else ""
+                how = {"aot": ", steps compiled ahead of time",
+                       "auto": f" (compile_mode auto: {r.get('compile_mode')})"}.get(
+                           args.compile_mode, "")  # fmt: skip
                 print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
                       f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "

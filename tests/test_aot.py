@@ -609,6 +609,102 @@ def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused(cf
             dataclasses.replace(cfg, distribution="iqn").resolved(cpu)
 
 
+def test_auto_compiles_ahead_of_time_on_a_gpu_where_packages_can_run(monkeypatch):
+    """The DQN's compile_mode "auto" (its default): the steps compiled ahead of time on a GPU
+    for C51 where `aot.unusable` finds nothing against it; torch.compile's default on a CPU,
+    with compile off, for IQN, in a data-parallel process, and where packages cannot run."""
+    from foxhunt.train import distributed
+    from foxhunt.train.agents import dqn
+
+    assert DQNConfig().compile_mode == "auto"
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    why: list[str | None] = [None]
+    asked = []
+    monkeypatch.setattr(aot, "unusable", lambda device: asked.append(device) or why[0])
+    on = dataclasses.replace(CFG, compile=True, compile_mode="auto")
+    assert dqn.auto_compile_mode(on, gpu) == "aot" and asked == [gpu]
+    assert dqn.auto_compile_mode(on, cpu) == "default"
+    assert dqn.auto_compile_mode(dataclasses.replace(on, compile=False), gpu) == "default"
+    assert dqn.auto_compile_mode(dataclasses.replace(on, distribution="iqn"), gpu) == "default"
+    why[0] = "no C++ compiler to build packages with"
+    assert dqn.auto_compile_mode(on, gpu) == "default"
+    why[0] = None
+    with monkeypatch.context() as mp:
+        mp.setattr(distributed, "world", lambda: (0, 2))
+        assert dqn.auto_compile_mode(on, gpu) == "default"
+    assert len(asked) == 2  # not asked where the answer is known without it
+    # On a CPU the choice resolves to torch.compile's mode, compiled only where asked to be.
+    assert dataclasses.replace(on, compile=None).resolved(cpu).compile_mode == "default"
+    assert on.resolved(cpu).compile_mode == "default"
+
+
+def test_seeds_to_be_stacked_take_torch_compile_s_steps():
+    """`stack_seeds` on: the seeds' DQN config with compile_mode auto takes torch.compile's
+    steps, which stack (those compiled ahead of time do not); a mode set is kept, and one seed
+    or stack_seeds auto or off keeps auto."""
+    from foxhunt.train.core import TrainConfig
+
+    cfg = TrainConfig(folds="f.json", cache="c", stack_seeds="on")
+    assert cfg.for_seeds(2).dqn.compile_mode == "default"
+    assert cfg.for_seeds(1).dqn.compile_mode == "auto"
+    for other in ("auto", "off"):
+        assert dataclasses.replace(cfg, stack_seeds=other).for_seeds(2).dqn.compile_mode == "auto"
+    aot_cfg = dataclasses.replace(cfg, dqn=dataclasses.replace(cfg.dqn, compile_mode="aot"))
+    assert aot_cfg.for_seeds(2).dqn.compile_mode == "aot"
+
+
+def test_whether_packages_run_here_is_checked_once_with_a_toy_then_marked(tmp_path, monkeypatch):
+    """aot.unusable: where no earlier package left the loader's mark in the cache, a toy package
+    is built and loaded in processes of their own. A loader that dies on it is named with its
+    signal and leaves no mark; one that runs it leaves the mark, and a later process finds the
+    mark and builds nothing. Without a C++ compiler nothing is tried."""
+    import tempfile
+
+    from foxhunt.train import aot_probe
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cc"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    calls: list[str] = []
+
+    def build(work, name, device, cxx=None):
+        calls.append(f"build {device}")
+        (work / f"{name}.pt2").write_bytes(b"")
+        return work / f"{name}.pt2", ""
+
+    rc = [-11]
+    monkeypatch.setattr(aot_probe, "build", build)
+
+    def load(pkg, index, env=None):
+        calls.append("load")
+        return rc[0], "boom"
+
+    monkeypatch.setattr(aot_probe, "load", load)
+    cpu = torch.device("cpu")
+
+    def fresh():  # as in a new process
+        aot._unusable.cache_clear()
+        calls.clear()
+        return aot.unusable(cpu)
+
+    try:
+        why = fresh()
+        assert "CRASH (signal 11)" in why and "aot_probe --explain" in why, why
+        assert calls == ["build cpu", "load"]
+        assert not list(tmp_path.rglob("*loader-ok-*"))
+        rc[0] = 0
+        assert fresh() is None and calls == ["build cpu", "load"]
+        assert len(list((tmp_path / "cc" / "foxhunt-aot").glob("loader-ok-*"))) == 1
+        assert fresh() is None and calls == []  # the mark: nothing built or loaded
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "other"))
+        assert fresh() is None and calls == ["build cpu", "load"]  # another cache: checked
+        monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+        why = fresh()
+        assert "no C++ compiler" in why and "no-such-g++" in why and calls == []
+    finally:
+        aot._unusable.cache_clear()
+
+
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_flat_adam_holds_and_steps_as_torch_s_adam(decoupled):
     """The optimiser of an agent not compiled by torch.compile (built without torch.optim,

@@ -570,14 +570,7 @@ def check_loader(path: Path, index: int) -> None:
     process with SIGSEGV on any package linked inductor's default way, in the package's own
     constructor) the task stops with an error saying so, rather than dying with the signal on
     every retry; a package that fails to load without a crash is built again by the caller."""
-    machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
-    link = package_link(path)
-    key = hashlib.sha256(f"{torch.__version__}\n{machine}\n{link}".encode()).hexdigest()[:16]
-    # Beside the packages; where the cache is mounted read-only, in the temporary folder.
-    markers = [
-        path.parent / f"loader-ok-{key}",
-        Path(tempfile.gettempdir()) / f"foxhunt-aot-loader-ok-{key}",
-    ]
+    markers = loader_markers(path.parent, index, package_link(path))
     if any(m.exists() for m in markers):
         return
     args = json.dumps(loader_args(path, index))
@@ -592,12 +585,80 @@ def check_loader(path: Path, index: int) -> None:
     if p.returncode != 0:
         tail = p.stderr.strip().splitlines()[-1:] or ["no message"]
         raise ValueError(f"{path.name} does not load: {tail[0]}")
+    mark(markers)
+
+
+def loader_markers(folder: Path, index: int, link: str) -> list[Path]:
+    """Where a passed check of the loader is marked, for packages linked as `link` that run on
+    GPU `index` (-1: the CPU), under this torch on this machine: in `folder`, beside the
+    packages, or where that cannot be written (a cache mounted read-only) in the temporary
+    folder."""
+    machine = device_name(torch.device("cuda" if index >= 0 else "cpu"))
+    key = hashlib.sha256(f"{torch.__version__}\n{machine}\n{link}".encode()).hexdigest()[:16]
+    return [
+        folder / f"loader-ok-{key}",
+        Path(tempfile.gettempdir()) / f"foxhunt-aot-loader-ok-{key}",
+    ]
+
+
+def mark(markers: list[Path]) -> None:
+    """Leave the first of `markers` that can be written."""
     for marker in markers:
         try:
+            marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
             return
         except OSError:
             continue
+
+
+def unusable(device: torch.device) -> str | None:
+    """Why a task on `device` cannot run steps compiled ahead of time, or None where it can
+    (`compile_mode="auto"` then chooses them on a GPU): with a C++ compiler to build packages,
+    and with a torch whose loader runs them. The loader is known to run where `check_loader`
+    left its mark in the cache (any earlier task's package); where there is none yet, a toy
+    package is built and loaded, each in a process of its own (foxhunt.train.aot_probe: some
+    seconds, once per torch, machine and cache), and a success leaves the mark. Asked once per
+    process, device and cache; the reason is logged as a warning."""
+    index = -1
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+    return _unusable(index, str(cache_dir()))
+
+
+@functools.cache
+def _unusable(index: int, folder: str) -> str | None:
+    why = _why_unusable(index, Path(folder))
+    if why is not None:
+        log.warning("aot: steps compiled ahead of time cannot run here (compile_mode auto "
+                    "then compiles with torch.compile): %s", why)  # fmt: skip
+    return why
+
+
+def _why_unusable(index: int, folder: Path) -> str | None:
+    cxx = os.environ.get("CXX") or "g++"
+    if shutil.which(cxx) is None:
+        return f"no C++ compiler to build packages with ({cxx} is not on the PATH)"
+    if any(m.exists() for link in (OWN_LINK, DEFAULT_LINK)
+           for m in loader_markers(folder, index, link)):  # fmt: skip
+        return None
+    from foxhunt.train import aot_probe
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="foxhunt-aot-check-") as work:
+        linker = runtime_linker(Path(work))
+        pkg, err = aot_probe.build(Path(work), "toy", "cpu" if index < 0 else "cuda", linker)
+        if err:
+            return f"a toy package does not build here: {err}"
+        rc, tail = aot_probe.load(pkg, index)
+        if rc != 0:
+            return (f"torch {torch.__version__}'s loader does not run a toy package here: "
+                    f"{aot_probe.outcome(rc, tail)} (`python -m foxhunt.train.aot_probe "
+                    "--explain` tells why)")  # fmt: skip
+    mark(loader_markers(folder, index, OWN_LINK if linker else DEFAULT_LINK))
+    log.info("aot: this machine's torch loads packages (a toy built and loaded in %.1f s)",
+             time.perf_counter() - t0)  # fmt: skip
+    return None
 
 
 HEAP_HOLD = 1 << 30

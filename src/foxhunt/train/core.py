@@ -113,12 +113,16 @@ class TrainConfig:
     theirs comes from their own generator; the supervised models' dropout draws from torch's
     global one); at most MAX_SEEDS (10)."""
     stack_seeds: Literal["auto", "on", "off"] = "auto"
-    """With `seeds`, DQN agents that can be (all but IQN's) are stacked into one
-    (foxhunt.train.agents.dqn_stacked): each collection and learning step runs once for every
-    seed, in kernels as many times wider, instead of once per seed (on a GPU, on streams).
-    auto: on a GPU. Stacked, each seed's metrics equal its own task's to float rounding, not bit
-    for bit (a wider kernel sums in another order; on a CPU at one thread, bit for bit); off
-    keeps each seed's own kernels, bit for bit as alone."""
+    """With `seeds`, DQN agents that can be (all but IQN's, and those whose steps are compiled
+    ahead of time) are stacked into one (foxhunt.train.agents.dqn_stacked): each collection and
+    learning step runs once for every seed, in kernels as many times wider, instead of once per
+    seed (on a GPU, on streams). auto: on a GPU, where the steps are torch.compile's. At the
+    DQN's GPU defaults its compile_mode auto compiles them ahead of time, so the seeds run on
+    streams, which at those sizes are the faster (docs/performance.md, "Many agents"). on:
+    stacked, a compile_mode of auto then choosing torch.compile. Stacked, each seed's metrics
+    equal its own task's to float rounding, not bit for bit (a wider kernel sums in another
+    order; on a CPU at one thread, bit for bit); off keeps each seed's own kernels, bit for
+    bit as alone."""
     fold_ids: tuple[int, ...] = ()
     """Train only these folds (default: all)."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -219,6 +223,15 @@ class TrainConfig:
     def agent_config(self):
         """The chosen model's config (dqn, ppo or pqn)."""
         return getattr(self, self.model)
+
+    def for_seeds(self, n: int) -> TrainConfig:
+        """The config `n` seeds side by side train with: where their DQN agents are to be
+        stacked (`stack_seeds` on), its compile_mode auto takes torch.compile's steps, which
+        stack, rather than those compiled ahead of time, which do not."""
+        stacked = n > 1 and self.stack_seeds == "on" and self.model == "dqn"
+        if not (stacked and self.dqn.compile_mode == "auto"):
+            return self
+        return dataclasses.replace(self, dqn=dataclasses.replace(self.dqn, compile_mode="default"))
 
     def resolved_compile_eval(self) -> bool:
         """`compile_eval` as set, else on for the RL models (see the field)."""
@@ -655,6 +668,7 @@ def _run(
     main = distributed.is_main()  # rank 0 alone writes results, checkpoints, MLflow
     # Each seed is a task of its own: its config, digest, run directory and resume file.
     compile_eval = cfg.resolved_compile_eval()
+    cfg = cfg.for_seeds(len(seeds))
     tasks = []
     for seed in seeds:
         tcfg = dataclasses.replace(cfg, seed=seed, seeds=(), compile_eval=compile_eval)
@@ -758,7 +772,10 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
         advance(i)  # each task builds its agent
     built = [w.agent for w in wants]
     stacked = None
-    if stack and n > 1 and stackable(built) is None:
+    why = stackable(built) if stack and n > 1 else None
+    if why is not None:
+        log.info("the %d seeds' agents train side by side, not stacked: %s", n, why)
+    elif stack and n > 1:
         stacked = StackedRainbow(built)
         log.info("the %d seeds' agents stacked into one (foxhunt.train.agents.dqn_stacked)", n)
         if built[0].cfg.capture == "graph":

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train import aot
+from foxhunt.train import aot, distributed
 from foxhunt.train.agents import c51_triton
 from foxhunt.train.agents.common import (
     COMBO_NO_REORDER,
@@ -216,16 +216,20 @@ class DQNConfig:
     """torch.compile the collection step, the loss and the optimiser update (kernel fusion)
     before capture (default: on with CUDA graphs). Costs about half a minute at the start of a
     task on a cold compile cache."""
-    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "aot"] = "default"
-    """torch.compile mode when `compile` is on (max-autotune tunes matmuls: minutes at start).
-    "aot" (which turns `compile` on, on a CPU as well): the collection step, the learning step
-    after its replay sample (loss, gradient, update) and the evaluation's step compiled ahead
-    of time by AOTInductor into the compile cache and loaded from there, by the task that
-    built them and by every later one, which then traces and compiles nothing
-    (foxhunt.train.aot). Experimental: its numbers equal the other modes' to float rounding.
-    On an H100 (docs/performance.md) a warm task's first epoch begins 2.5 s after its start
-    (torch.compile's: 15-25 s), the standard epoch takes 0.246 s against 0.239 s, and the
-    first build of the packages takes about a minute."""
+    compile_mode: Literal["auto", "default", "max-autotune-no-cudagraphs", "aot"] = "auto"
+    """How the steps are compiled when `compile` is on. "aot" (which turns `compile` on, on a
+    CPU as well): the collection step, the learning step after its replay sample (loss,
+    gradient, update) and the evaluation's step compiled ahead of time by AOTInductor into the
+    compile cache and loaded from there, by the task that built them and by every later one,
+    which then traces and compiles nothing (foxhunt.train.aot); its numbers equal
+    torch.compile's to float rounding. On an H100 (docs/performance.md) a warm task's first
+    epoch begins 2.5 s after its start (torch.compile's: 15-25 s), the standard epoch takes
+    0.246 s against 0.239 s, and the first build of the packages takes about a minute.
+    "default" and "max-autotune-no-cudagraphs": torch.compile's modes (max-autotune tunes the
+    matmuls: minutes at the start). auto: "aot" on a GPU for C51 where a step compiled ahead
+    of time can run (a C++ compiler, a torch whose loader runs packages, one process:
+    `aot.unusable` says why not, once per cache), else "default"; the params logged name the
+    choice. Seeds stacked (`foxhunt train --stack-seeds on`) run torch.compile's steps."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
@@ -238,6 +242,8 @@ class DQNConfig:
         cfg = resolve(self, device, DEFAULTS_BY_DEVICE)
         if cfg.epsilon is None:
             cfg = dataclasses.replace(cfg, epsilon=0.0 if cfg.noisy else 0.1)
+        if cfg.compile_mode == "auto":
+            cfg = dataclasses.replace(cfg, compile_mode=auto_compile_mode(cfg, device))
         fused = device.type == "cuda" and self.distribution == "c51" and c51_triton.available()
         if self.compile_mode == "aot" and self.distribution == "iqn":
             raise ValueError(
@@ -295,6 +301,17 @@ class DQNConfig:
                 f"replay_capacity = {self.replay_capacity} < envs = {self.envs}: one "
                 "collection step must fit in the replay ring"
             )
+
+
+def auto_compile_mode(cfg: DQNConfig, device: torch.device) -> str:
+    """compile_mode "auto"'s choice for `cfg` (its compile setting resolved) on `device`: the
+    steps compiled ahead of time on a GPU where they can run, else torch.compile's default (in
+    a data-parallel process as well: a package holds no all-reduce of the ranks' gradients)."""
+    if not (cfg.compile and device.type == "cuda" and cfg.distribution == "c51"):
+        return "default"
+    if distributed.world()[1] > 1:
+        return "default"
+    return "default" if aot.unusable(device) else "aot"
 
 
 # ---------------------------------------------------------------------------------- network
