@@ -134,8 +134,6 @@ def main() -> None:
     n = 20_000 if smoke else 2_000_000
     data = MarketData(*standard_market(n), dev)
     sets: dict = {"compile": args.compile}
-    if args.model == "dqn":  # torch.compile's steps (ahead of time, agents do not stack)
-        sets["compile_mode"] = "default"
     if smoke:
         args.agents, args.warmup, args.epochs = 2, 0, 1
         small = {"envs": 256, "collect_steps": 8, "learn_steps": 8, "batch_size": 64,
@@ -143,8 +141,7 @@ def main() -> None:
         known = {f for f in model_config(args.model, {}).__dataclass_fields__}
         sets |= {k: v for k, v in small.items() if k in known}
     if args.sizes == "demo":  # the demo's config, captured (and compiled) as on a GPU
-        mode = {"compile_mode": "default"} if args.model == "dqn" else {}
-        cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile, **mode)
+        cfg = dataclasses.replace(getattr(demo, args.model.upper()), compile=args.compile)
     else:
         cfg = model_config(args.model, sets | (STANDARD_DQN if args.model == "dqn" else {}))
     over = {}

@@ -107,8 +107,6 @@ def main() -> None:
     np.savez(market, **dict(zip(("feats", "ofi", "ohlc"), standard_market(n), strict=True)))
     for model in args.models.split(","):
         sets = {"compile": True} | (STANDARD_DQN if model == "dqn" else {})
-        if model == "dqn" and not args.aot:  # torch.compile's, not its default's choice
-            sets["compile_mode"] = "default"
         if args.aot:
             sets["compile_mode"] = "aot"
             if model == "tft":  # the mode refuses dropout (its draws would not follow the seed)

@@ -50,7 +50,7 @@ def main() -> None:
         folds=folds, cache=tmp / "data" / "fxcache", out=tmp / "runs", epochs=args.epochs,
         fold_ids=(fold,), device=args.device, tracking="none", baselines=False, run_id="bench",
         seeds=tuple(range(args.seeds)), compile_eval=args.compile_eval == "on",
-        dqn=dataclasses.replace(demo.DQN, compile_mode="default"),  # stacked on a GPU
+        dqn=dataclasses.replace(demo.DQN),
     )  # fmt: skip
     t0 = time.perf_counter()
     marks: list[float] = []

@@ -610,13 +610,13 @@ def test_the_mode_alone_compiles_ahead_of_time_and_contradictions_are_refused(cf
 
 
 def test_auto_compiles_ahead_of_time_on_a_gpu_where_packages_can_run(monkeypatch):
-    """The DQN's compile_mode "auto" (its default): the steps compiled ahead of time on a GPU
-    for C51 where `aot.unusable` finds nothing against it; torch.compile's default on a CPU,
-    with compile off, for IQN, in a data-parallel process, and where packages cannot run."""
+    """The DQN's compile_mode "auto": the steps compiled ahead of time on a GPU for C51 where
+    `aot.unusable` finds nothing against it; torch.compile's default on a CPU, with compile
+    off, for IQN, in a data-parallel process, and where packages cannot run."""
     from foxhunt.train import distributed
     from foxhunt.train.agents import dqn
 
-    assert DQNConfig().compile_mode == "auto"
+    assert DQNConfig().compile_mode == "default"  # auto is asked for
     gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
     why: list[str | None] = [None]
     asked = []
@@ -644,7 +644,8 @@ def test_seeds_to_be_stacked_take_torch_compile_s_steps():
     or stack_seeds auto or off keeps auto."""
     from foxhunt.train.core import TrainConfig
 
-    cfg = TrainConfig(folds="f.json", cache="c", stack_seeds="on")
+    cfg = TrainConfig(folds="f.json", cache="c", stack_seeds="on",
+                      dqn=DQNConfig(compile_mode="auto"))  # fmt: skip
     assert cfg.for_seeds(2).dqn.compile_mode == "default"
     assert cfg.for_seeds(1).dqn.compile_mode == "auto"
     for other in ("auto", "off"):

@@ -621,7 +621,7 @@ def test_stacked_agents_compiled_match_each_alone_within_float_tolerance(kw):
     """Compiled and captured, as `foxhunt train --seeds` runs them: the stack's collection and
     learning steps compiled under vmap (C51's Triton target through its vmap rule) against
     each agent compiled alone, after one epoch of one learning step."""
-    kw = kw | {"compile": True, "compile_mode": "default"}  # torch.compile's: the stack's
+    kw = kw | {"compile": True}
     stacked, w_stacked = run_stacked("graph", "fp32", seeds=(7, 8), epochs=1, learn_steps=1, **kw)
     for i, s in enumerate((7, 8)):
         alone, w_alone = run_stacked("graph", "fp32", seeds=(s,), epochs=1, learn_steps=1, **kw)
@@ -687,10 +687,10 @@ def small_standard_task(tmp_path, dense_inputs: bool):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("mode", ["auto", "default"])
 def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tmp_path, mode):
-    """`foxhunt train`'s GPU path end to end: compiled and captured steps (by default, `auto`,
-    compiled ahead of time; and by torch.compile), the compiled evaluation (`compile_eval`),
-    resume files written through page-locked memory. Killed after its second epoch and run
-    again, a task ends with the metrics of one never killed."""
+    """`foxhunt train`'s GPU path end to end: compiled and captured steps (by torch.compile,
+    the default; with compile_mode auto, ahead of time), the compiled evaluation
+    (`compile_eval`), resume files written through page-locked memory. Killed after its second
+    epoch and run again, a task ends with the metrics of one never killed."""
     from foxhunt.train.core import TrainConfig, run_train
     from foxhunt.train.tracking import NullLogger
     from trainruns import Killed, metrics_of
@@ -728,10 +728,10 @@ def test_a_compiled_task_killed_mid_fold_resumes_to_the_uninterrupted_results(tm
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_seeds_by_default_train_ahead_of_time_on_streams_as_each_alone(tmp_path, monkeypatch):
-    """The pipeline's default on a GPU: a DQN task's seeds side by side in one process, their
-    steps compiled ahead of time (compile_mode auto), so each agent on a CUDA stream of its
-    own, not stacked; each seed's evaluation compiled ahead of time too. Each seed ends with
+def test_seeds_compiled_ahead_of_time_train_on_streams_as_each_alone(tmp_path, monkeypatch):
+    """A DQN task's seeds side by side in one process on a GPU with compile_mode auto: their
+    steps compiled ahead of time, so each agent on a CUDA stream of its own, not stacked
+    (stack_seeds auto); each seed's evaluation compiled ahead of time too. Each seed ends with
     the metrics of its own task trained alone, bit for bit (the same packages, each agent's
     own kernels)."""
     from foxhunt.train.core import TrainConfig, run_train, train_seeds
@@ -739,6 +739,7 @@ def test_seeds_by_default_train_ahead_of_time_on_streams_as_each_alone(tmp_path,
     from trainruns import metrics_of, spy_training
 
     folds, fold, dqn = small_standard_task(tmp_path, dense_inputs=True)
+    dqn = dataclasses.replace(dqn, compile_mode="auto")
 
     def cfg(out: str, **kw) -> TrainConfig:
         return TrainConfig(
@@ -756,10 +757,10 @@ def test_seeds_by_default_train_ahead_of_time_on_streams_as_each_alone(tmp_path,
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_stacked_seeds_evaluate_with_their_steps_compiled(tmp_path):
-    """A DQN task's seeds stacked into one agent (`stack_seeds` on: torch.compile's steps), and
-    each seed's evaluation compiled (`compile_eval` left at None: on for the RL models). Every
-    seed ends with finite metrics of its own, and its results record the compiled evaluation. The
+def test_seeds_side_by_side_evaluate_with_their_steps_compiled_by_default(tmp_path):
+    """The pipeline's default on a GPU: a DQN task's seeds stacked into one agent, and each
+    seed's evaluation compiled (`compile_eval` left at None: on for the RL models). Every seed
+    ends with finite metrics of its own, and its results record the compiled evaluation. The
     network has 81,101 parameters, a count that is not a multiple of 4 (as the demo's 160,493):
     rows of the stack that wide put seed 1's weights 4 bytes past the alignment its compiled
     evaluation step assumed, which faulted (dqn_stacked.ROW_ALIGN)."""
@@ -772,7 +773,6 @@ def test_stacked_seeds_evaluate_with_their_steps_compiled(tmp_path):
     results = train_seeds(TrainConfig(
         folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
         fold_ids=(fold,), device="cuda", tracking="none", baselines=False, seeds=(0, 1), dqn=dqn,
-        stack_seeds="on",
     ))  # fmt: skip
     tests = []
     for res in results:
@@ -786,10 +786,10 @@ def test_stacked_seeds_evaluate_with_their_steps_compiled(tmp_path):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_stacked_seeds_resumed_apart_meet_and_train_stacked(tmp_path, monkeypatch):
-    """Seeds stacked on a GPU (compiled and captured, each seed's evaluation compiled), killed
-    when seed 0's first epoch was saved and seed 1's was not. Run again, the task stacks their
-    agents, seed 1 trains its first epoch alone, its own compiled steps over its rows of the
-    stack's buffers, while seed 0 waits, and the two then train stacked. The network has 81,101
+    """Seeds on a GPU (compiled and captured, each seed's evaluation compiled), killed when seed
+    0's first epoch was saved and seed 1's was not. Run again, the task stacks their agents,
+    seed 1 trains its first epoch alone, its own compiled steps over its rows of the stack's
+    buffers, while seed 0 waits, and the two then train stacked. The network has 81,101
     parameters (not a multiple of 4), so that rows as wide as that would start seed 1's
     weights 4 bytes past the alignment compiled code assumes (dqn_stacked.ROW_ALIGN). Both
     seeds end with finite metrics."""
@@ -803,7 +803,7 @@ def test_stacked_seeds_resumed_apart_meet_and_train_stacked(tmp_path, monkeypatc
     cfg = core.TrainConfig(
         folds=folds, cache=tmp_path / "data" / "fxcache", out=tmp_path / "runs", epochs=2,
         fold_ids=(fold,), device="cuda", tracking="none", baselines=False, run_id="r",
-        seeds=(0, 1), dqn=dqn, stack_seeds="on",
+        seeds=(0, 1), dqn=dqn,
     )  # fmt: skip
 
     def kill(fold: int, epoch: int) -> None:

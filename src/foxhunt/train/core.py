@@ -116,10 +116,9 @@ class TrainConfig:
     """With `seeds`, DQN agents that can be (all but IQN's, and those whose steps are compiled
     ahead of time) are stacked into one (foxhunt.train.agents.dqn_stacked): each collection and
     learning step runs once for every seed, in kernels as many times wider, instead of once per
-    seed (on a GPU, on streams). auto: on a GPU, where the steps are torch.compile's. At the
-    DQN's GPU defaults its compile_mode auto compiles them ahead of time, so the seeds run on
-    streams, which at those sizes are the faster (docs/performance.md, "Many agents"). on:
-    stacked, a compile_mode of auto then choosing torch.compile. Stacked, each seed's metrics
+    seed (on a GPU, on streams). auto: on a GPU, where the steps are torch.compile's (the
+    DQN's default compile_mode; with the steps compiled ahead of time the seeds run on streams).
+    on: stacked, a compile_mode of auto then choosing torch.compile. Stacked, each seed's metrics
     equal its own task's to float rounding, not bit for bit (a wider kernel sums in another
     order; on a CPU at one thread, bit for bit); off keeps each seed's own kernels, bit for
     bit as alone."""

@@ -216,20 +216,22 @@ class DQNConfig:
     """torch.compile the collection step, the loss and the optimiser update (kernel fusion)
     before capture (default: on with CUDA graphs). Costs about half a minute at the start of a
     task on a cold compile cache."""
-    compile_mode: Literal["auto", "default", "max-autotune-no-cudagraphs", "aot"] = "auto"
-    """How the steps are compiled when `compile` is on. "aot" (which turns `compile` on, on a
-    CPU as well): the collection step, the learning step after its replay sample (loss,
-    gradient, update) and the evaluation's step compiled ahead of time by AOTInductor into the
-    compile cache and loaded from there, by the task that built them and by every later one,
-    which then traces and compiles nothing (foxhunt.train.aot); its numbers equal
-    torch.compile's to float rounding. On an H100 (docs/performance.md) a warm task's first
-    epoch begins 2.5 s after its start (torch.compile's: 15-25 s), the standard epoch takes
-    0.246 s against 0.239 s, and the first build of the packages takes about a minute.
-    "default" and "max-autotune-no-cudagraphs": torch.compile's modes (max-autotune tunes the
-    matmuls: minutes at the start). auto: "aot" on a GPU for C51 where a step compiled ahead
-    of time can run (a C++ compiler, a torch whose loader runs packages, one process:
-    `aot.unusable` says why not, once per cache), else "default"; the params logged name the
-    choice. Seeds stacked (`foxhunt train --stack-seeds on`) run torch.compile's steps."""
+    compile_mode: Literal["default", "max-autotune-no-cudagraphs", "aot", "auto"] = "default"
+    """How the steps are compiled when `compile` is on: torch.compile's "default" mode or
+    "max-autotune-no-cudagraphs" (tunes the matmuls: minutes at the start); "aot" (which turns
+    `compile` on, on a CPU as well): the collection step, the learning step after its replay
+    sample (loss, gradient, update) and the evaluation's step compiled ahead of time by
+    AOTInductor into the compile cache and loaded from there, by the task that built them and
+    by every later one of the same config, data and machine, which then traces and compiles
+    nothing (foxhunt.train.aot); its numbers equal torch.compile's to float rounding. "auto":
+    "aot" on a GPU for C51 where a step compiled ahead of time can run (a C++ compiler, a
+    torch whose loader runs packages, one process; `aot.unusable` says why not), else
+    "default"; the params logged name the choice. Ahead of time pays off for a config run
+    again and again (retries, reruns, seeds): on an H200 (docs/performance.md) a warm task's
+    first epoch began 4.3 s after its start against torch.compile's 9.2 s, but its learning
+    took 7% longer and the first task of a config, data or machine 2.5 times as long (3 folds
+    x 50 epochs of the standard workload: 216 s against 88 s cold, 45.6 s against 49.9 s
+    warm)."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
