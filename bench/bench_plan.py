@@ -8,7 +8,7 @@ compile cache.
                                 [--compile-mode {default,aot,auto}]  the agent's steps by
                                                                  torch.compile (the default), ahead
                                                                  of time (AOTInductor; --aot), or
-                                                                 as `foxhunt train` chooses (dqn)
+                                                                 the DQN's auto (aot where it can)
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -104,8 +104,8 @@ def main() -> None:
     )  # fmt: skip
     ap.add_argument("--compile-mode", default="default", choices=("default", "aot", "auto"),
                     help="the agent's compile_mode: torch.compile's default, 'aot' "
-                    "(foxhunt.train.aot) or 'auto' (the DQN's own default: 'aot' on a GPU where "
-                    "it can run)")  # fmt: skip
+                    "(foxhunt.train.aot) or the DQN's 'auto' ('aot' on a GPU where it can run, "
+                    "else torch.compile; the mode chosen is printed)")  # fmt: skip
     ap.add_argument("--aot", action="store_const", const="aot", dest="compile_mode",
                     help="--compile-mode aot")  # fmt: skip
     args = ap.parse_args()
