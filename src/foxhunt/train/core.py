@@ -644,6 +644,7 @@ def _run(
     # Everything that can be checked is checked before the data is uploaded.
     if len(seeds) > 1 and distributed.launched():
         raise TrainError("seeds side by side under torchrun: one or the other (a seed per job)")
+    cfg = cfg.for_seeds(len(seeds))
     doc = load_folds(cfg.folds)
     if cfg.compile_cache is not None:
         use_compile_cache(Path(cfg.compile_cache))
@@ -667,7 +668,6 @@ def _run(
     main = distributed.is_main()  # rank 0 alone writes results, checkpoints, MLflow
     # Each seed is a task of its own: its config, digest, run directory and resume file.
     compile_eval = cfg.resolved_compile_eval()
-    cfg = cfg.for_seeds(len(seeds))
     tasks = []
     for seed in seeds:
         tcfg = dataclasses.replace(cfg, seed=seed, seeds=(), compile_eval=compile_eval)
