@@ -773,7 +773,8 @@ def _drive(tasks: list, device: torch.device, stack: bool = False) -> list[Train
     stacked = None
     why = stackable(built) if stack and n > 1 else None
     if why is not None:
-        log.info("the %d seeds' agents train side by side, not stacked: %s", n, why)
+        if isinstance(built[0].cfg, DQNConfig):  # the others never stack
+            log.info("the %d seeds' agents train side by side, not stacked: %s", n, why)
     elif stack and n > 1:
         stacked = StackedRainbow(built)
         log.info("the %d seeds' agents stacked into one (foxhunt.train.agents.dqn_stacked)", n)
