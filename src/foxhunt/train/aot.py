@@ -646,16 +646,11 @@ def _why_unusable(index: int, folder: Path) -> str | None:
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="foxhunt-aot-check-") as work:
-        linker = runtime_linker(Path(work))
-        pkg, err = aot_probe.build(Path(work), "toy", "cpu" if index < 0 else "cuda", linker)
-        if err:
-            return f"a toy package does not build here: {err}"
-        rc, tail = aot_probe.load(pkg, index)
-        if rc != 0:
-            return (f"torch {torch.__version__}'s loader does not run a toy package here: "
-                    f"{aot_probe.outcome(rc, tail)} (`python -m foxhunt.train.aot_probe "
-                    "--explain` tells why)")  # fmt: skip
-    mark(loader_markers(folder, index, OWN_LINK if linker else DEFAULT_LINK))
+        _, own, rc, said = aot_probe.check(Path(work), index)
+    if rc != 0:
+        return (f"a toy package under torch {torch.__version__}: {said} (`python -m "
+                "foxhunt.train.aot_probe --explain` tells why)")  # fmt: skip
+    mark(loader_markers(folder, index, OWN_LINK if own else DEFAULT_LINK))
     log.info("aot: this machine's torch loads packages (a toy built and loaded in %.1f s)",
              time.perf_counter() - t0)  # fmt: skip
     return None

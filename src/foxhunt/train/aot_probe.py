@@ -165,6 +165,22 @@ def load(pkg: Path, index: int, env: dict[str, str] | None = None) -> tuple[int,
     return run([sys.executable, "-c", LOAD, str(pkg), str(index)], env, timeout=300)
 
 
+def check(work: Path, index: int) -> tuple[Path | None, bool, int, str]:
+    """The toy package built in `work` as a task builds a step's (linked with its own C++
+    runtime where the compiler can) and loaded as a task loads one, on GPU `index` (-1: the
+    CPU), each in a process of its own: the package (None where it did not build), whether it
+    has its own runtime, the load's return code (1 where it did not build) and what became of
+    it."""
+    from foxhunt.train import aot
+
+    linker = aot.runtime_linker(work)
+    pkg, err = build(work, "foxhunt", "cpu" if index < 0 else "cuda", linker)
+    if err:
+        return None, linker is not None, 1, f"does not build: {err}"
+    rc, tail = load(pkg, index)
+    return pkg, linker is not None, rc, outcome(rc, tail)
+
+
 BINDING = re.compile(r"binding file (\S+) \[\d+\] to (\S+) \[\d+\]: normal symbol `([^']+)'")
 
 
@@ -243,8 +259,6 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    from foxhunt.train import aot
-
     devices = [args.device]
     if args.device == "auto":
         devices = ["cuda", "cpu"] if torch.cuda.is_available() else ["cpu"]
@@ -255,16 +269,13 @@ def main(argv: list[str] | None = None) -> int:
             work = root / device
             work.mkdir(parents=True, exist_ok=True)
             index = 0 if device == "cuda" else -1
-            linker = aot.runtime_linker(work)
-            how = ("linked with its own C++ runtime" if linker else
+            pkg, own, rc, said = check(work, index)
+            how = ("linked with its own C++ runtime" if own else
                    "linked inductor's default way (no static libstdc++ here)")  # fmt: skip
-            pkg, err = build(work, "foxhunt", device, linker)
-            rc, tail = (1, err) if err else load(pkg, index)
-            said = f"does not build: {err}" if err else outcome(rc, tail)
             print(f"aot probe: torch {torch.__version__}, a toy package for {device}, {how}: "
                   f"{said}")  # fmt: skip
             failed += rc != 0
-            if args.explain and not err:
+            if args.explain and pkg is not None:
                 explain(work, pkg, rc, index, device)
         if failed and not args.explain:
             print("run `python -m foxhunt.train.aot_probe --explain` for why")
