@@ -309,11 +309,10 @@ def auto_compile_mode(cfg: DQNConfig, device: torch.device) -> str:
     """compile_mode "auto"'s choice for `cfg` (its compile setting resolved) on `device`: the
     steps compiled ahead of time on a GPU where they can run, else torch.compile's default (in
     a data-parallel process as well: a package holds no all-reduce of the ranks' gradients)."""
-    if not (cfg.compile and device.type == "cuda" and cfg.distribution == "c51"):
+    lone = device.type == "cuda" and distributed.world()[1] == 1
+    if not (cfg.compile and cfg.distribution == "c51" and lone) or aot.unusable(device):
         return "default"
-    if distributed.world()[1] > 1:
-        return "default"
-    return "default" if aot.unusable(device) else "aot"
+    return "aot"
 
 
 # ---------------------------------------------------------------------------------- network
