@@ -204,7 +204,20 @@ def test_supervised_steps_compiled_ahead_of_time_learn_as_eagerly(cache, name):
     for k, v in s_eager.items():
         assert s_built[k] == pytest.approx(v, rel=1e-4, abs=1e-6), k
     assert s_built["losses/loss"] > 0
-    torch.testing.assert_close(built.flat, eager.flat, rtol=1e-4, atol=1e-5)
+    # An attention's key bias adds the same amount to every key's score of a query, which the
+    # softmax takes out: its gradient is 0 but for rounding, which AdamW scales up to steps of
+    # about the learning rate with a sign of the rounding's choosing (built and eager differed
+    # by 1.4e-5 there, and nowhere else beyond 1e-5, on an AVX-512 VM). Held to that bound;
+    # every other parameter to float tolerance.
+    noise = torch.zeros_like(built.flat, dtype=torch.bool)
+    for m in built.net.modules():  # the parameters are views of the flat buffer
+        if isinstance(m, torch.nn.MultiheadAttention) and m.in_proj_bias is not None:
+            at, e = m.in_proj_bias.storage_offset() - built.flat.storage_offset(), m.embed_dim
+            noise[at + e : at + 2 * e] = True
+    assert noise.any() == (name == "tlob")
+    torch.testing.assert_close(built.flat[~noise], eager.flat[~noise], rtol=1e-4, atol=1e-5)
+    bound = cfg.lr * int(eager.step_i)
+    torch.testing.assert_close(built.flat[noise], eager.flat[noise], rtol=0, atol=bound)
     assert int(built.step_i) == int(eager.step_i) == 8, "the fold's steps, counted in the package"
 
 
