@@ -399,7 +399,7 @@ def test_the_loaders_mark_is_keyed_by_each_packages_own_link(tmp_path, monkeypat
     example = [*bound.bases, torch.ones(4)]
     own = aot.build(gm, example, tmp_path / "own.pt2")
     with monkeypatch.context() as mp:
-        mp.setattr(aot, "runtime_linker", lambda folder: None)
+        mp.setattr(aot, "runtime_linker", lambda folder=None: None)
         plain = aot.build(gm, example, tmp_path / "plain.pt2")
     assert aot.package_link(own) == " ".join(aot.OWN_RUNTIME)
     assert aot.package_link(plain) == aot.DEFAULT_LINK

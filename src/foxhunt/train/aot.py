@@ -339,7 +339,7 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     # computes (a sampled slot, a chosen action) is then arbitrary, and a kernel reading through
     # it trips its bounds assert and ends the build (pytorch/pytorch#192143; the DQN's build
     # stopped in a device-side assert during that tuning, H100, torch 2.11, 2026-12-05).
-    linker = runtime_linker(path.parent)
+    linker = runtime_linker()
     link = OWN_LINK if linker else DEFAULT_LINK
     configs: dict[str, Any] = {"aot_inductor.metadata": {**(metadata or {}), LINK_KEY: link},
                                "triton.autotune_at_compile_time": False,
@@ -420,9 +420,21 @@ def compiler_file(cxx: str, name: str) -> str:
     return os.path.realpath(path) if os.path.isabs(path) and os.path.exists(path) else ""
 
 
-def runtime_linker(folder: Path) -> str | None:
-    """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper under `folder`/cxx), where it
-    is g++ and has a static libstdc++; else None (inductor's own link)."""
+def wrapper_home() -> Path:
+    """Where the compiler's wrappers go: beside inductor's precompiled headers, one folder for
+    the machine whatever compile cache a task uses. A wrapper's path is part of the key of the
+    headers inductor precompiles for a build, so one path a machine lets every compile cache
+    built here (the loader's toy check's included) share them; a wrapper inside each cache had
+    each precompile them again (11-15 s a cache on the 2-core VM)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return Path(default_cache_dir()) / "foxhunt-cxx"
+
+
+def runtime_linker(folder: Path | None = None) -> str | None:
+    """Inductor's compiler, linking with `OWN_RUNTIME` (a wrapper under `folder`, by default
+    `wrapper_home()`), where it is g++ and has a static libstdc++; else None (inductor's own
+    link)."""
     from torch._inductor import cpp_builder
 
     try:
@@ -436,9 +448,9 @@ def runtime_linker(folder: Path) -> str | None:
         log.info("aot: %s has no static libstdc++: packages linked the default way", cxx)
         return None
     cxx = shutil.which(cxx) or cxx
-    # A folder per compiler: images with other compilers may share the cache.
+    # A folder per compiler and flags.
     tag = hashlib.sha256(f"{cxx}\n{OWN_RUNTIME}".encode()).hexdigest()[:12]
-    return compiler_wrapper(folder / "cxx" / tag, cxx, OWN_RUNTIME)
+    return compiler_wrapper((folder or wrapper_home()) / tag, cxx, OWN_RUNTIME)
 
 
 def check_compiler(name: str) -> None:

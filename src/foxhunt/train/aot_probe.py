@@ -173,7 +173,7 @@ def check(work: Path, index: int) -> tuple[Path | None, bool, int, str]:
     it."""
     from foxhunt.train import aot
 
-    linker = aot.runtime_linker(work)
+    linker = aot.runtime_linker()  # the tasks' own wrapper: their precompiled headers too
     pkg, err = build(work, "foxhunt", "cpu" if index < 0 else "cuda", linker)
     if err:
         return None, linker is not None, 1, f"does not build: {err}"
