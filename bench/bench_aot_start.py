@@ -32,7 +32,13 @@ import torch  # noqa: E402
 import torch._inductor  # noqa: E402
 from torch._inductor import cpp_builder  # noqa: E402
 
-from foxhunt.bench.workload import STANDARD_DQN, model_config, results_path, standard_market  # noqa: E402
+from foxhunt.bench.workload import (  # noqa: E402
+    STANDARD_DQN,
+    model_config,
+    one_epoch,
+    results_path,
+    standard_market,
+)
 from foxhunt.train import aot, aot_probe  # noqa: E402
 from foxhunt.train.core import use_compile_cache  # noqa: E402
 
@@ -98,13 +104,7 @@ def main() -> None:
         torch.cuda.synchronize()
     marks["captured (the steps built)"] = time.perf_counter() - t
     t = time.perf_counter()
-    agent.begin_epoch(0, 1)
-    for _ in range(agent.rounds):
-        agent.collect()
-        agent.learn()
-    agent.read_stats()
-    if dev.type == "cuda":
-        torch.cuda.synchronize()
+    one_epoch(agent, dev)
     marks["the first epoch (on a CPU, the steps built)"] = time.perf_counter() - t
     marks["in all"] = time.perf_counter() - T0
     mode = agent.cfg.compile_mode

@@ -49,7 +49,7 @@ model, sets = sys.argv[4], json.loads(sys.argv[5])
 if sets.get("compile_mode") != "aot":  # ahead of time, nothing is compiled in this process
     import torch._dynamo, torch._inductor.compile_fx  # what the first torch.compile imports
     mark("compiler_imports")
-from foxhunt.bench.workload import model_config
+from foxhunt.bench.workload import model_config, one_epoch
 from foxhunt.train.agents import AGENTS
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
@@ -66,13 +66,7 @@ mark("build")
 if agent.cfg.capture == "graph":
     agent.capture()
 mark("compile_capture")
-agent.begin_epoch(0, 1)
-for _ in range(agent.rounds):
-    agent.collect()
-    agent.learn()
-agent.read_stats()
-if dev.type == "cuda":
-    torch.cuda.synchronize()
+one_epoch(agent, dev)
 mark("epoch")
 first_epoch_s, compiler_imported = time.time() - t0, "torch._dynamo" in sys.modules
 from torch._dynamo.utils import compilation_time_metrics, counters

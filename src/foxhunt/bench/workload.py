@@ -136,6 +136,18 @@ def model_config(model: str, sets: dict):
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in sets.items()})
 
 
+def one_epoch(agent, device: torch.device) -> None:
+    """One epoch of `agent` (its first of one: collection and learning, its rounds), its
+    statistics read and `device` synchronised: what a task's first epoch runs."""
+    agent.begin_epoch(0, 1)
+    for _ in range(agent.rounds):
+        agent.collect()
+        agent.learn()
+    agent.read_stats()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
 def epoch_sizes(agent) -> tuple[int, int]:
     """Env steps and learner samples of one epoch (the sizes' product, as the agent runs)."""
     from foxhunt.train.agents.dqn import RainbowAgent
