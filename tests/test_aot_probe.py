@@ -135,7 +135,7 @@ def test_packages_are_linked_the_default_way_where_no_static_libstdcxx_is_there(
 @pytest.mark.skipif(not shutil.which("g++"), reason="needs g++")
 def test_every_compile_cache_on_a_machine_builds_with_one_wrapper(tmp_path, monkeypatch):
     """The wrapper's path keys the headers inductor precompiles, so it is the machine's, not
-    a compile cache's: builds into two caches (and the loader's toy check) share them."""
+    a compile cache's: builds into two caches, and the loader's toy check, share them."""
     from torch._inductor import cpp_builder
 
     monkeypatch.setattr(cpp_builder, "get_cpp_compiler", lambda: "g++")
@@ -145,6 +145,12 @@ def test_every_compile_cache_on_a_machine_builds_with_one_wrapper(tmp_path, monk
         seen.append(aot.runtime_linker())
     assert seen[0] == seen[1] and seen[0].startswith(str(aot.wrapper_home()))
     assert not seen[0].startswith(str(tmp_path))
+    toy = []
+    monkeypatch.setattr(
+        aot_probe, "build", lambda work, name, device, cxx=None: toy.append(cxx) or (work, "no")
+    )
+    aot_probe.check(tmp_path / "toy", -1)
+    assert toy == [seen[0]]
 
 
 def test_a_child_that_does_not_end_is_stopped_and_said_so():
