@@ -41,6 +41,10 @@ packages in a folder of their own, since the switch changes the trace, not the s
 `-reorder` (with `-aot`: the packages' combo kernels built with inductor's loop reordering after
 fusion, which `common.COMBO_NO_REORDER` turns off on torch before 2.13 and torch.compile's lone
 agent keeps),
+`-nosubblocks` (with `-aot`: the packages' combo kernels with one block size for all their
+subkernels, without `dqn.AOT_COMBO_SETTINGS`), `-pwonly`, `-benchcombo` (inductor's
+`combo_kernels_pointwise_only` or `benchmark_combo_kernel`, for the packages and torch.compile's
+graphs),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
 network work: the online network's forward and backward on a fixed batch of states, the
@@ -314,7 +318,19 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         folder = aot.cache_dir() / "flatgrad"
         backward, cache = flat_backward, lambda: folder
     # -reorder: the packages' combo kernels with the loop reordering (the options key them).
-    combo_aot = {"combo_kernels": True} if "reorder" in opts else dqn.COMBO_NO_REORDER
+    combo_aot = {"combo_kernels": True} if "reorder" in opts else dict(dqn.COMBO_NO_REORDER)
+    # -pwonly / -benchcombo: inductor's combo-kernel settings, for the packages and
+    # torch.compile's graphs (pointwise kernels alone grouped; each combo kernel timed against
+    # its parts), where this torch has them.
+    import torch._inductor.config
+
+    known, inductor_patch = torch._inductor.config._config, {}
+    for o, key in COMBO_SWITCHES.items():
+        if o in opts:
+            if key in known:
+                combo_aot[key] = inductor_patch[key] = True
+            else:
+                print(f"{variant}: this torch has no inductor option {key}; left out", flush=True)
     with (
         mock.patch.object(common, "adam_step", step),
         # -nocombo: without inductor's combo kernels (independent small kernels of a graph
@@ -324,8 +340,18 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         mock.patch.object(common.FlatGrad, "_backward", backward),
         mock.patch.object(aot, "cache_dir", cache),
         mock.patch.object(dqn, "COMBO_NO_REORDER", combo_aot),
+        # -nosubblocks: the packages' combo kernels with one block size for all subkernels.
+        mock.patch.object(
+            dqn, "AOT_COMBO_SETTINGS", () if "nosubblocks" in opts else dqn.AOT_COMBO_SETTINGS
+        ),
+        torch._inductor.config.patch(inductor_patch),  # torch.compile's graphs too
     ):
         build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments, t0)
+
+
+COMBO_SWITCHES = {"pwonly": "combo_kernels_pointwise_only",
+                  "benchcombo": "benchmark_combo_kernel"}  # fmt: skip
+"""bench_train's switches of inductor's combo-kernel settings (packages and torch.compile's)."""
 
 
 def flat_backward(self, loss: torch.Tensor) -> None:

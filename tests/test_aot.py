@@ -221,6 +221,19 @@ def test_supervised_steps_compiled_ahead_of_time_learn_as_eagerly(cache, name):
     assert int(built.step_i) == int(eager.step_i) == 8, "the fold's steps, counted in the package"
 
 
+def test_the_dqn_s_gpu_packages_give_each_combo_subkernel_its_block_size():
+    """dqn.aot_options: on a GPU the packages are built with inductor's combo kernels, a block
+    size for each of their subkernels (this torch has the setting) and the loop reordering off
+    where the torch asserts in it; on a CPU with inductor's defaults. The options key the
+    packages, so bench_train's `-nosubblocks` builds packages of its own."""
+    from foxhunt.train.agents import common, dqn
+
+    assert dqn.aot_options(torch.device("cpu")) is None
+    gpu = dqn.aot_options(torch.device("cuda"))
+    assert gpu == {**common.COMBO_NO_REORDER, "combo_kernel_per_subkernel_blocks": True}
+    assert gpu["combo_kernels"] is True
+
+
 def test_dropout_is_refused_ahead_of_time():
     """TFT's dropout would draw inside the package, apart from the task's seed: refused."""
     from foxhunt.train.agents.supervised import SupervisedAgent

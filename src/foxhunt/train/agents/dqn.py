@@ -105,6 +105,26 @@ AOT_COMBO_KERNELS = True
 `combo_kernels`): an epoch of 0.268 s against 0.293 s without them (learning 249 against
 270 ms; H100, 2026-12-05, `bench_train --variants graph-bf16-aot,graph-bf16-aot-nocombo`, one
 call). bench_train's `-nocombo` turns both off."""
+AOT_COMBO_SETTINGS = ("combo_kernel_per_subkernel_blocks",)
+"""Inductor's combo-kernel settings turned on for those packages, where the torch has them: a
+block size for each subkernel of a combo kernel rather than one for all. The package's learning
+step is one graph (torch.compile's is three), so its combo kernels group more kernels of unlike
+sizes: the standard epoch took 0.241-0.242 s with it against 0.253 s without (413 against
+434-437 us of kernels a learning step; torch.compile's 0.241 s), the GPU defaults 0.272 s
+against 0.287 s (H100, torch 2.11, 2026-12-06, two calls, the setting then a bench_train
+switch beside the default of the day; torch.compile's graphs gained nothing from it, 0.242
+against 0.241 s). bench_train's `-nosubblocks` leaves it out."""
+
+
+def aot_options(device: torch.device) -> dict | None:
+    """Inductor's options for the DQN's packages on `device`: combo kernels and
+    `AOT_COMBO_SETTINGS` on a GPU (the options key the packages), none on a CPU."""
+    if device.type != "cuda" or not AOT_COMBO_KERNELS:
+        return None
+    import torch._inductor.config
+
+    known = torch._inductor.config._config
+    return {**COMBO_NO_REORDER, **{k: True for k in AOT_COMBO_SETTINGS if k in known}}
 
 
 @dataclass(frozen=True)
@@ -228,10 +248,10 @@ class DQNConfig:
     torch whose loader runs packages, one process; `aot.unusable` says why not), else
     "default"; the params logged name the choice. Ahead of time pays off for a config run
     again and again (retries, reruns, seeds): on an H200 (docs/performance.md) a warm task's
-    first epoch began 4.3 s after its start against torch.compile's 9.2 s, but its learning
-    took 7% longer and the first task of a config, data or machine 2.5 times as long (3 folds
-    x 50 epochs of the standard workload: 216 s against 88 s cold, 45.6 s against 49.9 s
-    warm)."""
+    first epoch began 4.3 s after its start against torch.compile's 9.2 s, but the first task
+    of a config, data or machine took 2.5 times as long (3 folds x 50 epochs of the standard
+    workload: 216 s against 88 s cold, 45.6 s against 49.9 s warm; its epoch is now within 1%
+    of torch.compile's, `AOT_COMBO_SETTINGS`)."""
     triton_target: bool | None = None
     """C51's next-state target distribution gathered, softmaxed and projected in one Triton
     kernel, `c51_triton` (default: on a CUDA device where Triton is installed): 8% off the
@@ -1096,7 +1116,7 @@ class RainbowAgent(FlatGrad, AgentState):
         """The learning and collection steps from the compile cache, traced and built first
         where they are not there (foxhunt.train.aot; the state is restored after the trace)."""
         settings = repr((self.cfg, self.env.cfg))
-        options = COMBO_NO_REORDER if self.device.type == "cuda" and AOT_COMBO_KERNELS else None
+        options = aot_options(self.device)
         noise = "rows" if self.cfg.noisy and self.collect_noise is None else True
         if noise == "rows":  # the per-env noise buffers, drawn into before each step
             for m in self.net.noisy_layers():
