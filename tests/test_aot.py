@@ -397,6 +397,73 @@ def test_a_read_only_cache_keeps_the_loaders_mark_in_the_temporary_folder(
     assert not list(cache.glob("foxhunt-aot/loader-ok-*"))
 
 
+@torch.library.custom_op("foxhunt_test::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    """An operator inductor has no lowering for: it calls it as it is (an implicit fallback)."""
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Stop(Exception):
+    pass
+
+
+def test_an_operator_inductor_calls_as_it_is_is_named_in_one_line_whatever_its_inputs(
+    tmp_path, monkeypatch
+):
+    """aot.short_operator_messages: inductor's message about an operator it calls as it is (a
+    custom op without a lowering) names an argument 14 levels of sin + cos deep in one line.
+    Inductor's own form prints an argument's IR once per path to each input, doubling with
+    each level (6.5 MB at these 14 levels under torch 2.13), and torch 2.11 formats it even
+    where the line is not logged: TFT's GPU build stayed in it for minutes. The build stops at
+    the fallback here (its `make_fallback` raises), before any C++, and leaves no package."""
+    from torch._inductor import exc, graph
+
+    def stop(*a, **k):
+        raise Stop("stopped at the fallback")
+
+    monkeypatch.setattr(graph, "make_fallback", stop)
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda r: lines.append(r.getMessage())
+    log = logging.getLogger("torch._inductor.graph")
+    monkeypatch.setattr(log, "level", logging.INFO)
+    log.addHandler(handler)
+    h = types.SimpleNamespace(w=torch.zeros(4))
+
+    def body(x):
+        for _ in range(14):
+            x = torch.sin(x) + torch.cos(x)
+        h.w.add_(twice(x))
+
+    bound = aot.Bound(h)
+    gm = aot.trace(bound, body, (torch.ones(4),))
+    original = exc.OperatorIssue.__dict__["operator_str"]
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(Exception, match="stopped at the fallback") as e:
+            aot.build(gm, [*bound.bases, torch.ones(4)], tmp_path / "x.pt2")
+    finally:
+        log.removeHandler(handler)
+    assert time.perf_counter() - t0 < 60
+    said = [ln for ln in lines if "implicit fallback" in ln]
+    assert said and len(said[0]) < 500, said
+    assert "args[0]: TensorBox(" in said[0] and "size=[4]" in said[0], said[0]
+    assert len(str(e.value)) < 2000  # inductor's error names the arguments the same way
+    assert exc.OperatorIssue.__dict__["operator_str"] is original  # put back after the build
+    assert not list(tmp_path.iterdir())  # nothing left half-written
+
+
+def test_an_operator_s_arguments_are_described_in_short():
+    assert aot.describe(list(range(20))) == "[0, 1, 2, 3, 4, 5, 6, 7, ... 12 more]"
+    assert aot.describe("x" * 300) == repr("x" * 300)[:200] + "..."
+    assert aot.describe([[[[1]]]]) == "[[[[1]]]]"
+
+
 def test_the_loaders_mark_is_keyed_by_each_packages_own_link(tmp_path, monkeypatch):
     """A package keeps how it was linked in its metadata, read back without loading it; the
     loader's check of a package linked inductor's default way (where the compiler has no

@@ -347,13 +347,70 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     if linker:
         configs["cpp.cxx"] = (linker,)
     try:
-        with warnings.catch_warnings():  # torch's own pytree use, inside its packaging
+        with warnings.catch_warnings(), short_operator_messages():
+            # torch's own pytree use, inside its packaging
             warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
             torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=configs)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+@contextlib.contextmanager
+def short_operator_messages() -> Iterator[None]:
+    """Inductor's messages about an operator it lowers as a call of its own (an implicit
+    fallback, logged) or cannot lower (an error) name each argument by `describe`, not by its
+    whole IR. Inductor prints every argument's IR there, and an IR node prints each of its
+    inputs in full, so a tensor reached by many paths is printed once per path; torch 2.11
+    formats the fallback's log line whether or not it is logged (2.13 only when it is). TFT's
+    training step on a GPU (H100, torch 2.11, 2026-12-06) was still formatting one after three
+    minutes (faulthandler: `OperatorIssue.operator_str` under `GraphLowering.call_function`), so
+    its GPU test never finished within 400 s; vLLM meets the same with its custom ops (its
+    `_patch_inductor_fallback_allow_list`)."""
+    from torch._inductor import exc
+
+    original = exc.OperatorIssue.__dict__.get("operator_str")
+    if original is None:  # a torch that formats the error elsewhere
+        yield
+        return
+    exc.OperatorIssue.operator_str = staticmethod(short_operator_str)
+    try:
+        yield
+    finally:
+        exc.OperatorIssue.operator_str = original
+
+
+def short_operator_str(target: Any, args: Any, kwargs: dict[str, Any]) -> str:
+    """`OperatorIssue.operator_str`'s lines, each argument `describe`d."""
+    lines = [f"target: {target}"] + [f"args[{i}]: {describe(a)}" for i, a in enumerate(args)]
+    if kwargs:
+        lines.append(
+            "kwargs: {" + ", ".join(f"{k}: {describe(v)}" for k, v in kwargs.items()) + "}"
+        )
+    return "\n".join("  " + ln for ln in lines)
+
+
+def describe(x: Any, depth: int = 0) -> str:
+    """An argument of an inductor lowering in one short line: an IR node by its type, name,
+    dtype, size and device (what of them it has), a list by its first items, anything else by
+    its repr cut to 200 characters."""
+    from torch._inductor import ir
+
+    if isinstance(x, ir.IRNode):
+        facts = []
+        for what in ("name", "dtype", "size", "device"):
+            try:
+                facts.append(f"{what}={getattr(x, f'get_{what}')()}")
+            except Exception:  # a node without it (an unrealised pointwise has no name)
+                continue
+        return f"{type(x).__name__}({', '.join(facts)})"
+    if isinstance(x, (list, tuple)) and depth < 2:
+        items = [describe(v, depth + 1) for v in x[:8]]
+        more = [f"... {len(x) - 8} more"] if len(x) > 8 else []
+        return "[" + ", ".join(items + more) + "]"
+    r = repr(x)
+    return r if len(r) <= 200 else r[:200] + "..."
 
 
 OWN_RUNTIME = ("-static-libstdc++", "-Wl,--exclude-libs,ALL")
