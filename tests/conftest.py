@@ -43,6 +43,33 @@ def built_once(tmp_path_factory, name: str, build) -> Path:
 
 
 @pytest.fixture(scope="session")
+def toy_packages(tmp_path_factory) -> dict[str, Path]:
+    """foxhunt.train.aot_probe's toy package for the CPU, linked inductor's default way
+    ("default") and with its own C++ runtime as foxhunt links a step's ("own"; the machine's
+    wrapper, `aot.runtime_linker`), built once for the session, side by side. Tests that
+    write beside a package copy it first."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from foxhunt.train import aot, aot_probe
+
+    if not shutil.which("g++"):
+        pytest.skip("needs g++")
+
+    def build(out: Path) -> None:
+        linker = aot.runtime_linker()
+        assert linker, "g++ with a static libstdc++ here"
+        with ThreadPoolExecutor(2) as pool:  # each builds in a process of its own
+            done = [pool.submit(aot_probe.build, out, "default", "cpu"),
+                    pool.submit(aot_probe.build, out, "own", "cpu", linker)]  # fmt: skip
+        for f in done:
+            assert not f.result()[1], f.result()[1]
+
+    out = built_once(tmp_path_factory, "aot-toys", build)
+    return {"default": out / "default.pt2", "own": out / "own.pt2"}
+
+
+@pytest.fixture(scope="session")
 def samples() -> Path:
     return SAMPLES
 

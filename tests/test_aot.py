@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -464,23 +465,20 @@ def test_an_operator_s_arguments_are_described_in_short():
     assert aot.describe([[[[1]]]]) == "[[[[1]]]]"
 
 
-def test_the_loaders_mark_is_keyed_by_each_packages_own_link(tmp_path, monkeypatch):
+def test_the_loaders_mark_is_keyed_by_each_packages_own_link(toy_packages, tmp_path, monkeypatch):
     """A package keeps how it was linked in its metadata, read back without loading it; the
     loader's check of a package linked inductor's default way (where the compiler has no
     static libstdc++) is not taken as passed by the mark of one linked with its own runtime,
-    nor the other way round. A package without the entry reads as the own runtime's."""
+    nor the other way round. A package without the entry reads as the own runtime's. (The
+    toy packages of aot_probe, which carry the entry as a step's do: the next test.)"""
+    import shutil
     import tempfile
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    h = types.SimpleNamespace(w=torch.zeros(4))
-    bound = aot.Bound(h)
-    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
-    example = [*bound.bases, torch.ones(4)]
-    own = aot.build(gm, example, tmp_path / "own.pt2")
-    with monkeypatch.context() as mp:
-        mp.setattr(aot, "runtime_linker", lambda folder=None: None)
-        plain = aot.build(gm, example, tmp_path / "plain.pt2")
+    own, plain = tmp_path / "own.pt2", tmp_path / "plain.pt2"  # the marks go beside them
+    shutil.copy(toy_packages["own"], own)
+    shutil.copy(toy_packages["default"], plain)
     assert aot.package_link(own) == " ".join(aot.OWN_RUNTIME)
     assert aot.package_link(plain) == aot.DEFAULT_LINK
     assert aot.package_link(tmp_path / "none.pt2") == " ".join(aot.OWN_RUNTIME)
@@ -492,6 +490,33 @@ def test_the_loaders_mark_is_keyed_by_each_packages_own_link(tmp_path, monkeypat
         aot.check_loader(path, -1)
     assert len(runs) == 2  # one check for each link, not one for both
     assert len(list(tmp_path.glob("loader-ok-*"))) == 2
+
+
+def test_a_step_s_package_says_how_it_is_linked(tmp_path, monkeypatch):
+    """aot.build links a package with its own C++ runtime where `aot.runtime_linker` gives a
+    wrapper (inductor's compiler is then the wrapper), else inductor's default way, and writes
+    which into the package's metadata beside the caller's (inductor's build recorded here)."""
+    import torch._inductor
+
+    seen = []
+
+    def record(ep, package_path, inductor_configs):
+        seen.append(inductor_configs)
+        Path(package_path).write_bytes(b"")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", record)
+    h = types.SimpleNamespace(w=torch.zeros(4))
+    bound = aot.Bound(h)
+    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
+    example = [*bound.bases, torch.ones(4)]
+    for linker in ("/machine/foxhunt-cxx/tag/g++", None):
+        monkeypatch.setattr(aot, "runtime_linker", lambda folder=None, w=linker: w)
+        aot.build(gm, example, tmp_path / "p.pt2", {"mine": "1"})
+    own, plain = seen
+    assert own["aot_inductor.metadata"] == {"mine": "1", aot.LINK_KEY: aot.OWN_LINK}
+    assert own["cpp.cxx"] == ("/machine/foxhunt-cxx/tag/g++",)
+    assert plain["aot_inductor.metadata"] == {"mine": "1", aot.LINK_KEY: aot.DEFAULT_LINK}
+    assert "cpp.cxx" not in plain
 
 
 def test_a_cpu_process_running_packages_keeps_its_freed_buffers():

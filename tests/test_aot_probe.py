@@ -26,15 +26,6 @@ extern "C" int dup_transform() {
 """
 
 
-@pytest.fixture(scope="module")
-def toy(tmp_path_factory):
-    """A toy package linked inductor's default way."""
-    work = tmp_path_factory.mktemp("aot-probe")
-    pkg, err = aot_probe.build(work, "default", "cpu")
-    assert not err, err
-    return work, pkg
-
-
 def second_stdcxx(folder) -> str:
     """A shared library linked with libstdc++ static: its locale symbols are its own, exported."""
     if not shutil.which("g++"):
@@ -50,22 +41,23 @@ def system_stdcxx() -> str:
     return aot_probe.compiler_facts()["compiler's libstdc++"]
 
 
-def test_the_toy_package_loads_here_and_the_loaders_bindings_are_read(toy):
-    work, pkg = toy
+def test_the_toy_package_loads_here_and_the_loaders_bindings_are_read(toy_packages, tmp_path):
+    pkg = toy_packages["default"]
     assert aot_probe.load(pkg, -1) == (0, "")
-    lines = aot_probe.bindings_before_crash(pkg, -1, work / "ld" / "log")
+    lines = aot_probe.bindings_before_crash(pkg, -1, tmp_path / "ld" / "log")
     assert lines and all(" -> " in ln for ln in lines)
     assert any(ln.endswith("-> the package") for ln in lines)  # its own regex code
     assert any("std::locale" in ln and "libstdc++.so" in ln for ln in lines)
 
 
 def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_load(
-        toy, monkeypatch):  # fmt: skip
+        toy_packages, tmp_path, monkeypatch):  # fmt: skip
     """A library with its own locale code, opened into the global scope after torch (as torch
     opens its CUDA libraries), takes the package's references to the symbols it defines; the
-    rest go to the system's libstdc++, and the two copies' locale ids disagree."""
-    work, pkg = toy
-    dup = second_stdcxx(work)
+    rest go to the system's libstdc++, and the two copies' locale ids disagree. A package
+    linked as foxhunt links them (its own C++ runtime) is not touched."""
+    pkg = toy_packages["default"]
+    dup = second_stdcxx(tmp_path)
     opened = f"import ctypes, os; ctypes.CDLL({dup!r}, mode=os.RTLD_NOW | os.RTLD_GLOBAL)\n"
     code = "from foxhunt.train import aot_probe; print(aot_probe.second_copies())"
     found = subprocess.run([sys.executable, "-c", "import torch\n" + opened + code],
@@ -80,10 +72,7 @@ def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_
     assert rc != 0 and ("bad_cast" in tail or rc < 0), (rc, tail)
     assert aot_probe.load(pkg, -1, {"LD_PRELOAD": system_stdcxx()}) == (0, "")
 
-    linker = aot.runtime_linker(work)
-    assert linker, "g++ with a static libstdc++ here"
-    own, err = aot_probe.build(work, "own-runtime", "cpu", linker)
-    assert not err, err
+    own = toy_packages["own"]
     assert aot_probe.load(own, -1) == (0, ""), "linked as foxhunt links packages, it loads"
 
 

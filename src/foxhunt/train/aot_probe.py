@@ -46,7 +46,8 @@ class Toy(torch.nn.Module):
         return (x * 2).relu()
 x = torch.randn(4, 4, device=sys.argv[2])
 ep = torch.export.export(Toy(), (x,))
-torch._inductor.aoti_compile_and_package(ep, package_path=sys.argv[1])
+configs = {"aot_inductor.metadata": {sys.argv[3]: sys.argv[4]}}
+torch._inductor.aoti_compile_and_package(ep, package_path=sys.argv[1], inductor_configs=configs)
 """
 
 LOAD = """
@@ -151,13 +152,18 @@ def second_copies() -> list[str]:
 
 
 def build(work: Path, name: str, device: str, cxx: str | None = None) -> tuple[Path, str]:
-    """Build the toy package `name` in a process of its own, on a cache of its own."""
+    """Build the toy package `name` in a process of its own, on a cache of its own, with `cxx`
+    (`aot.runtime_linker`'s wrapper: the package then has its own C++ runtime) or inductor's
+    compiler and link; its metadata says which, as a step's package's does (`aot.LINK_KEY`)."""
+    from foxhunt.train import aot
+
     pkg = work / f"{name}.pt2"
     env = {"TORCHINDUCTOR_CACHE_DIR": str(work / f"cache-{name}")}
     code = BUILD
     if cxx:
         code = f"import torch._inductor.config as c; c.cpp.cxx = ({cxx!r},)\n" + BUILD
-    rc, tail = run([sys.executable, "-c", code, str(pkg), device], env)
+    link = aot.OWN_LINK if cxx else aot.DEFAULT_LINK
+    rc, tail = run([sys.executable, "-c", code, str(pkg), device, aot.LINK_KEY, link], env)
     return pkg, "" if rc == 0 else outcome(rc, tail)
 
 
