@@ -465,6 +465,43 @@ def test_an_operator_s_arguments_are_described_in_short():
     assert aot.describe([[[[1]]]]) == "[[[[1]]]]"
 
 
+def test_an_lstm_is_traced_as_its_cells_operators_forward_and_backward(monkeypatch):
+    """aot._cell_rnns: nn.LSTM traced (as a step's trace runs it) into matrix products and
+    pointwise ops, its gradient too, with no fused or backend kernel of a whole layer or cell
+    (which AOTInductor's runtimes cannot call backward), through torch._decomp's decomposition,
+    which takes the same path on a GPU (where torch's own LSTM without cuDNN runs a fused cell:
+    not seen on a CPU); the graph computes eager's numbers, and the switches and torch's `_VF`
+    are put back after."""
+    from torch._decomp import decompositions
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.nn.modules import rnn
+
+    calls = []
+    impl = decompositions.lstm_impl
+    monkeypatch.setattr(decompositions, "lstm_impl", lambda *a: calls.append(1) or impl(*a))
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    x = torch.randn(2, 5, 4)
+    params = list(lstm.parameters())
+
+    def step(x):
+        out, (h, c) = lstm(x)
+        return torch.autograd.grad(out.square().sum() + h.sum() + c.sum(), params)
+
+    vf, switches = rnn._VF, (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled)
+    with aot._cell_rnns():
+        gm = make_fx(step)(x)
+    assert calls == [1]
+    assert rnn._VF is vf
+    assert (torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled) == switches
+    ops = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert not [o for o in ops if "lstm" in o or "rnn" in o], ops
+    assert {"aten.sigmoid.default", "aten.tanh.default"} <= ops, ops
+    for got, want in zip(gm(x), step(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 def test_the_loaders_mark_is_keyed_by_each_packages_own_link(toy_packages, tmp_path, monkeypatch):
     """A package keeps how it was linked in its metadata, read back without loading it; the
     loader's check of a package linked inductor's default way (where the compiler has no

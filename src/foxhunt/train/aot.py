@@ -216,15 +216,38 @@ def _capturable(optimisers: list[torch.optim.Optimizer]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _cell_rnns() -> Iterator[None]:
-    """Recurrent layers (TFT's LSTM) traced as their cells' operators rather than as oneDNN's
-    or cuDNN's fused kernels, whose backward AOTInductor's runtime fails to call (torch 2.13,
-    on the CPU: an internal assert in its proxy executor). Only the backends' switches are
-    touched (their `flags()` would reset their TF32 settings too)."""
+    """Recurrent layers (TFT's LSTM) traced as their cells' operators (matrix products and
+    pointwise ops: torch._decomp's decomposition of `aten::lstm`, the same on every device)
+    rather than as a backend's fused kernels. oneDNN's and cuDNN's backward AOTInductor's
+    runtime fails to call (torch 2.13, on the CPU: an internal assert in its proxy executor).
+    Without cuDNN, on a GPU, torch's own LSTM runs a fused cell (`_thnn_fused_lstm_cell`)
+    whose backward (`_thnn_fused_lstm_cell_backward_impl`) inductor has no lowering for and
+    AOTInductor's CUDA runtime no C function for (torch 2.13's headers): inductor calls it as
+    it is, and TFT's GPU build hung in that call's message (`short_operator_messages`; which
+    operator it was is inferred, not seen). Only the backends' switches are touched (their
+    `flags()` would reset their TF32 settings too), and the `_VF.lstm` nn.LSTM calls."""
+    from torch._decomp.decompositions import lstm_impl
+    from torch.nn.modules import rnn
+
+    vf = rnn._VF
+
+    class CellLSTM:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(vf, name)
+
+        @staticmethod
+        def lstm(*args: Any) -> Any:
+            if torch.is_tensor(args[1]):  # the packed sequence's form (data, batch_sizes, ...)
+                return vf.lstm(*args)
+            return lstm_impl(*args)
+
     before = torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled
     torch.backends.mkldnn.enabled = torch.backends.cudnn.enabled = False
+    rnn._VF = CellLSTM()
     try:
         yield
     finally:
+        rnn._VF = vf
         torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled = before
 
 
