@@ -61,7 +61,7 @@ def toy_packages(tmp_path_factory) -> dict[str, Path]:
         assert linker, "g++ with a static libstdc++ here"
         with ThreadPoolExecutor(2) as pool:  # each builds in a process of its own
             done = [pool.submit(aot_probe.build, out, "default", "cpu"),
-                    pool.submit(aot_probe.build, out, "own", "cpu", linker)]  # fmt: skip
+                    pool.submit(aot_probe.build, out, "own", "cpu", linker, True)]  # fmt: skip
         for f in done:
             assert not f.result()[1], f.result()[1]
 

@@ -77,7 +77,9 @@ def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_
 
 
 def test_a_load_that_crashes_is_reported_not_suffered(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(aot_probe, "build", lambda work, name, device, cxx=None: (work / "x", ""))
+    monkeypatch.setattr(
+        aot_probe, "build", lambda work, name, device, cxx=None, own=False: (work / "x", "")
+    )
     monkeypatch.setattr(
         aot_probe, "LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
     )
@@ -136,10 +138,12 @@ def test_every_compile_cache_on_a_machine_builds_with_one_wrapper(tmp_path, monk
     assert not seen[0].startswith(str(tmp_path))
     toy = []
     monkeypatch.setattr(
-        aot_probe, "build", lambda work, name, device, cxx=None: toy.append(cxx) or (work, "no")
+        aot_probe,
+        "build",
+        lambda work, name, device, cxx=None, own=False: toy.append((cxx, own)) or (work, "no"),
     )
     aot_probe.check(tmp_path / "toy", -1)
-    assert toy == [seen[0]]
+    assert toy == [(seen[0], True)]  # recorded as linked with its own runtime
 
 
 def test_a_child_that_does_not_end_is_stopped_and_said_so():

@@ -151,10 +151,12 @@ def second_copies() -> list[str]:
     return found
 
 
-def build(work: Path, name: str, device: str, cxx: str | None = None) -> tuple[Path, str]:
-    """Build the toy package `name` in a process of its own, on a cache of its own, with `cxx`
-    (`aot.runtime_linker`'s wrapper: the package then has its own C++ runtime) or inductor's
-    compiler and link; its metadata says which, as a step's package's does (`aot.LINK_KEY`)."""
+def build(work: Path, name: str, device: str, cxx: str | None = None,
+          own_runtime: bool = False) -> tuple[Path, str]:  # fmt: skip
+    """Build the toy package `name` in a process of its own, on a cache of its own, with the
+    compiler `cxx` (default: inductor's). Its metadata says how it is linked, as a step's
+    package's does (`aot.LINK_KEY`): with its own C++ runtime where `own_runtime` (`cxx` is
+    `aot.runtime_linker`'s wrapper), else inductor's default way."""
     from foxhunt.train import aot
 
     pkg = work / f"{name}.pt2"
@@ -162,7 +164,7 @@ def build(work: Path, name: str, device: str, cxx: str | None = None) -> tuple[P
     code = BUILD
     if cxx:
         code = f"import torch._inductor.config as c; c.cpp.cxx = ({cxx!r},)\n" + BUILD
-    link = aot.OWN_LINK if cxx else aot.DEFAULT_LINK
+    link = aot.OWN_LINK if own_runtime else aot.DEFAULT_LINK
     rc, tail = run([sys.executable, "-c", code, str(pkg), device, aot.LINK_KEY, link], env)
     return pkg, "" if rc == 0 else outcome(rc, tail)
 
@@ -180,7 +182,7 @@ def check(work: Path, index: int) -> tuple[Path | None, bool, int, str]:
     from foxhunt.train import aot
 
     linker = aot.runtime_linker()  # the tasks' own wrapper: their precompiled headers too
-    pkg, err = build(work, "foxhunt", "cpu" if index < 0 else "cuda", linker)
+    pkg, err = build(work, "foxhunt", "cpu" if index < 0 else "cuda", linker, linker is not None)
     if err:
         return None, linker is not None, 1, f"does not build: {err}"
     rc, tail = load(pkg, index)
