@@ -823,7 +823,7 @@ def test_whether_packages_run_here_is_checked_once_with_a_toy_then_marked(tmp_pa
     (tmp_path / "tmp").mkdir()
     calls: list[str] = []
 
-    def build(work, name, device, cxx=None):
+    def build(work, name, device, cxx=None, own_runtime=False):
         calls.append(f"build {device}")
         (work / f"{name}.pt2").write_bytes(b"")
         return work / f"{name}.pt2", ""

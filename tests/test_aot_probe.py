@@ -78,7 +78,7 @@ def test_a_second_copy_of_libstdcxx_in_the_global_scope_is_found_and_breaks_the_
 
 def test_a_load_that_crashes_is_reported_not_suffered(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(
-        aot_probe, "build", lambda work, name, device, cxx=None, own=False: (work / "x", "")
+        aot_probe, "build", lambda work, name, device, cxx=None, own_runtime=False: (work / "x", "")
     )
     monkeypatch.setattr(
         aot_probe, "LOAD", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
@@ -140,7 +140,9 @@ def test_every_compile_cache_on_a_machine_builds_with_one_wrapper(tmp_path, monk
     monkeypatch.setattr(
         aot_probe,
         "build",
-        lambda work, name, device, cxx=None, own=False: toy.append((cxx, own)) or (work, "no"),
+        lambda work, name, device, cxx=None, own_runtime=False: (
+            toy.append((cxx, own_runtime)) or (work, "no")
+        ),
     )
     aot_probe.check(tmp_path / "toy", -1)
     assert toy == [(seen[0], True)]  # recorded as linked with its own runtime
