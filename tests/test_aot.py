@@ -556,6 +556,46 @@ def test_a_step_s_package_says_how_it_is_linked(tmp_path, monkeypatch):
     assert "cpp.cxx" not in plain
 
 
+def test_a_build_whose_passes_disagree_is_built_again_tuned_at_compile_time(tmp_path, monkeypatch):
+    """Where inductor's second pass asks for a kernel its first never saved (aot.UNSAVED_KERNEL:
+    TFT's step on a GPU), aot.build builds once more with each kernel tuned at compile time and
+    renames that package into place; any other error, or that one from the second build, is
+    raised, and no package or temporary file is left (inductor's build stood in for here)."""
+    import torch._inductor
+
+    seen, fail = [], {}
+
+    def flaky(ep, package_path, inductor_configs):
+        seen.append(dict(inductor_configs))
+        Path(package_path).write_bytes(b"half")
+        err = fail.get(inductor_configs["triton.autotune_at_compile_time"])
+        if err:
+            raise RuntimeError(err)
+        Path(package_path).write_bytes(b"built")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", flaky)
+    monkeypatch.setattr(aot, "runtime_linker", lambda folder=None: None)
+    h = types.SimpleNamespace(w=torch.zeros(4))
+    bound = aot.Bound(h)
+    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
+    example = [*bound.bases, torch.ones(4)]
+    unsaved = f"AssertionError: {aot.UNSAVED_KERNEL} for triton_per_fused_softmax_129"
+
+    fail[False] = unsaved
+    assert aot.build(gm, example, tmp_path / "p.pt2", {"mine": "1"}).read_bytes() == b"built"
+    assert [c["triton.autotune_at_compile_time"] for c in seen] == [False, True]
+    assert seen[1]["aot_inductor.metadata"] == seen[0]["aot_inductor.metadata"]
+
+    for first, second, match in ((unsaved, unsaved, aot.UNSAVED_KERNEL),
+                                 ("some other inductor error", None, "some other")):  # fmt: skip
+        seen.clear()
+        fail.update({False: first, True: second})
+        with pytest.raises(RuntimeError, match=match):
+            aot.build(gm, example, tmp_path / "q.pt2")
+        assert len(seen) == (2 if second else 1)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["p.pt2"]
+
+
 def test_a_cpu_process_running_packages_keeps_its_freed_buffers():
     """aot.hold_heap: a buffer above glibc's mmap threshold, freed and taken again, comes back
     without its pages faulted in again (the memory stays with the process)."""

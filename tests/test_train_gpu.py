@@ -375,8 +375,20 @@ def test_supervised_steps_compiled_ahead_of_time_match_eager_and_reload(
     assert built[0] == loaded[0] and torch.equal(built[1], loaded[1])
     for k in s_e[-1]:
         assert built[0][-1][k] == pytest.approx(s_e[-1][k], rel=1e-3, abs=1e-5), k
-    torch.testing.assert_close(built[1], p_e, rtol=1e-3, atol=1e-4)
+    assert_close_under_adam(built[1], p_e, lr=1e-3)
     assert torch.equal(built[2], loaded[2]), "the same predicted classes"
+
+
+def assert_close_under_adam(got: torch.Tensor, want: torch.Tensor, lr: float) -> None:
+    """Weights after Adam steps, within float tolerance of the reference but for at most one
+    element in 10,000, and each of those within the learning rate. Adam's step is scale-free
+    (m / sqrt(v)): where a gradient is near zero, its rounding can turn its sign, and that
+    weight moves by up to lr the other way. TFT's package (its LSTM run as its cells) against
+    eager (cuDNN's LSTM kernel): 6 of 1,317,005 weights outside rtol 1e-3 / atol 1e-4, the
+    largest difference 6.6e-4 (H100, torch 2.11, 2026-12-06)."""
+    off = ~torch.isclose(got, want, rtol=1e-3, atol=1e-4)
+    assert off.sum().item() <= got.numel() // 10_000, f"{off.sum().item()} of {got.numel()}"
+    assert (got - want).abs().max().item() <= lr
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

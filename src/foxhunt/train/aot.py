@@ -370,14 +370,37 @@ def build(gm: torch.fx.GraphModule, example: list[torch.Tensor], path: Path,
     if linker:
         configs["cpp.cxx"] = (linker,)
     try:
-        with warnings.catch_warnings(), short_operator_messages():
-            # torch's own pytree use, inside its packaging
-            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
-            torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=configs)
+        try:
+            _compile_package(ep, tmp, configs)
+        except Exception as e:
+            if UNSAVED_KERNEL not in str(e) or configs["triton.autotune_at_compile_time"]:
+                raise
+            log.warning("%s: inductor's second pass made a kernel its first pass never ran "
+                        "(%s); building again with each kernel tuned alone, at compile time",
+                        path.name, str(e).rsplit(" ", 1)[-1])  # fmt: skip
+            _compile_package(ep, tmp, {**configs, "triton.autotune_at_compile_time": True})
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+UNSAVED_KERNEL = "CudaKernelParamCache not populated"
+"""Inductor's error where the C++ wrapper launches a Triton kernel whose binary was never saved.
+With tuning on the example's values, inductor lowers the graph twice: a first pass whose Python
+wrapper runs the step (each kernel it launches is compiled, tuned and saved) and a second that
+writes the C++ wrapper. Where the two passes fuse the graph otherwise, the second asks for a
+kernel the first never had: TFT's training step on a GPU, its LSTM unrolled into cells (H100,
+torch 2.11, 2026-12-06: 164 kernels saved by the first pass, one fused kernel of its attention's
+softmax and layer norm backward missing from them). `build` then builds again with each kernel
+tuned alone on inductor's own inputs, in one pass (TFT's package then built in 72 s)."""
+
+
+def _compile_package(ep: Any, tmp: str, configs: dict[str, Any]) -> None:
+    with warnings.catch_warnings(), short_operator_messages():
+        # torch's own pytree use, inside its packaging
+        warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)`", FutureWarning)
+        torch._inductor.aoti_compile_and_package(ep, package_path=tmp, inductor_configs=configs)
 
 
 @contextlib.contextmanager
