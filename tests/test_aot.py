@@ -529,6 +529,14 @@ def test_the_loaders_mark_is_keyed_by_each_packages_own_link(toy_packages, tmp_p
     assert len(list(tmp_path.glob("loader-ok-*"))) == 2
 
 
+def traced_toy() -> tuple[torch.fx.GraphModule, list[torch.Tensor]]:
+    """A toy step (w += x) traced for aot.build, with its example inputs."""
+    h = types.SimpleNamespace(w=torch.zeros(4))
+    bound = aot.Bound(h)
+    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
+    return gm, [*bound.bases, torch.ones(4)]
+
+
 def test_a_step_s_package_says_how_it_is_linked(tmp_path, monkeypatch):
     """aot.build links a package with its own C++ runtime where `aot.runtime_linker` gives a
     wrapper (inductor's compiler is then the wrapper), else inductor's default way, and writes
@@ -542,10 +550,7 @@ def test_a_step_s_package_says_how_it_is_linked(tmp_path, monkeypatch):
         Path(package_path).write_bytes(b"")
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", record)
-    h = types.SimpleNamespace(w=torch.zeros(4))
-    bound = aot.Bound(h)
-    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
-    example = [*bound.bases, torch.ones(4)]
+    gm, example = traced_toy()
     for linker in ("/machine/foxhunt-cxx/tag/g++", None):
         monkeypatch.setattr(aot, "runtime_linker", lambda folder=None, w=linker: w)
         aot.build(gm, example, tmp_path / "p.pt2", {"mine": "1"})
@@ -575,10 +580,7 @@ def test_a_build_whose_passes_disagree_is_built_again_tuned_at_compile_time(tmp_
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", flaky)
     monkeypatch.setattr(aot, "runtime_linker", lambda folder=None: None)
-    h = types.SimpleNamespace(w=torch.zeros(4))
-    bound = aot.Bound(h)
-    gm = aot.trace(bound, lambda x: h.w.add_(x), (torch.ones(4),))
-    example = [*bound.bases, torch.ones(4)]
+    gm, example = traced_toy()
     unsaved = f"AssertionError: {aot.UNSAVED_KERNEL} for triton_per_fused_softmax_129"
 
     fail[False] = unsaved
