@@ -502,6 +502,25 @@ def test_an_lstm_is_traced_as_its_cells_operators_forward_and_backward(monkeypat
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+def test_a_traced_lstm_is_left_holding_its_own_parameters():
+    """After a step's trace an agent's LSTM holds its own parameters again, the views of the
+    agent's flat buffer, and sees no change of weights: otherwise its next call re-reads them
+    and, on a GPU, flattens them for cuDNN into memory of its own, away from the buffer the
+    optimiser and the package train (TFT's builder then predicted with stale LSTM weights)."""
+    from foxhunt.train.agents.common import flatten_into_views
+
+    torch.manual_seed(0)
+    lstm = torch.nn.LSTM(4, 8, batch_first=True)
+    agent = types.SimpleNamespace(net=lstm, flat=flatten_into_views(list(lstm.parameters())))
+    x = torch.randn(2, 5, 4)
+    aot.trace(aot.Bound(agent), lambda x: lstm(x)[0].sum(), (x,))
+    own = [getattr(lstm, n) for n in lstm._flat_weights_names]
+    assert all(w is p for w, p in zip(lstm._flat_weights, own, strict=True))
+    assert not lstm._weights_have_changed()
+    lo, hi = agent.flat.data_ptr(), agent.flat.data_ptr() + agent.flat.nbytes
+    assert all(lo <= p.data_ptr() < hi for p in own)
+
+
 def test_the_loaders_mark_is_keyed_by_each_packages_own_link(toy_packages, tmp_path, monkeypatch):
     """A package keeps how it was linked in its metadata, read back without loading it; the
     loader's check of a package linked inductor's default way (where the compiler has no

@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,10 +64,11 @@ class Slot:
     base: int = -1
 
 
-def tensor_slots(root: object, optimisers: list | None = None) -> list[Slot]:
+def tensor_slots(root: object, optimisers: list | None = None,
+                 rnns: list | None = None) -> list[Slot]:  # fmt: skip
     """Every place a tensor is held below `root`: attributes of foxhunt's objects, modules'
     parameters, buffers and tensor attributes, optimisers' state, lists and dicts (and the
-    optimisers met, appended to `optimisers`)."""
+    optimisers met, appended to `optimisers`, and the recurrent layers, to `rnns`)."""
     out: list[Slot] = []
     seen: set[int] = set()
 
@@ -77,6 +78,8 @@ def tensor_slots(root: object, optimisers: list | None = None) -> list[Slot]:
         seen.add(id(obj))
         if isinstance(obj, nn.Module):
             for m in obj.modules():
+                if rnns is not None and isinstance(m, nn.RNNBase):
+                    rnns.append(m)
                 for d in (m._parameters, m._buffers):
                     items(d, d.items())
                 items(m.__dict__, [(k, v) for k, v in vars(m).items() if torch.is_tensor(v)])
@@ -111,7 +114,8 @@ class Bound:
 
     def __init__(self, root: object):
         self.optimisers: list[torch.optim.Optimizer] = []
-        self.slots = tensor_slots(root, self.optimisers)
+        self.rnns: list[nn.RNNBase] = []
+        self.slots = tensor_slots(root, self.optimisers, self.rnns)
         blocks: dict[tuple, list[Slot]] = {}
         for s in self.slots:
             t = s.tensor
@@ -215,7 +219,7 @@ def _capturable(optimisers: list[torch.optim.Optimizer]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _cell_rnns() -> Iterator[None]:
+def _cell_rnns(rnns: Iterable[nn.RNNBase] = ()) -> Iterator[None]:
     """Recurrent layers (TFT's LSTM) traced as their cells' operators (matrix products and
     pointwise ops: torch._decomp's decomposition of `aten::lstm`, the same on every device)
     rather than as a backend's fused kernels. oneDNN's and cuDNN's backward AOTInductor's
@@ -225,7 +229,16 @@ def _cell_rnns() -> Iterator[None]:
     AOTInductor's CUDA runtime no C function for (torch 2.13's headers): inductor calls it as
     it is, and TFT's GPU build hung in that call's message (`short_operator_messages`; which
     operator it was is inferred, not seen). Only the backends' switches are touched (their
-    `flags()` would reset their TF32 settings too), and the `_VF.lstm` nn.LSTM calls."""
+    `flags()` would reset their TF32 settings too), and the `_VF.lstm` nn.LSTM calls.
+
+    `rnns`, the agent's recurrent layers, are given their own parameters back before cuDNN is
+    switched on again. A layer keeps a list of its weights (`_flat_weights`), which the trace's
+    rebinding (`Bound.rebound`) left holding the trace's tensors; at its next call the layer
+    would see its weights changed and flatten them for cuDNN, copying them out of the agent's
+    flat buffer into memory of its own: the optimiser and the package would then train the
+    buffer while the layer computed with the copy (on a GPU TFT's builder predicted 31 of 2,000
+    bars otherwise than a task that loaded the package, with equal weights in the buffer). With
+    cuDNN off the layer's refresh (`_init_flat_weights`) only re-reads its parameters."""
     from torch._decomp.decompositions import lstm_impl
     from torch.nn.modules import rnn
 
@@ -248,6 +261,8 @@ def _cell_rnns() -> Iterator[None]:
         yield
     finally:
         rnn._VF = vf
+        for m in rnns:
+            m._init_flat_weights()
         torch.backends.mkldnn.enabled, torch.backends.cudnn.enabled = before
 
 
@@ -263,7 +278,7 @@ def trace(bound: Bound, body: Callable, args: tuple) -> torch.fx.GraphModule:
             out = body(*xs[n:])
         return tuple(out) if isinstance(out, (tuple, list)) else (() if out is None else (out,))
 
-    with _capturable(bound.optimisers), _cell_rnns():
+    with _capturable(bound.optimisers), _cell_rnns(bound.rnns):
         gm = make_fx(fn)(*bound.bases, *args)
     # A tensor the step read that is not among its inputs would be fixed in the package with
     # the values it had at the trace (held where tensor_slots does not look: a tuple, a
