@@ -200,11 +200,14 @@ def test_on_policy_agents_fit_their_envs(model, tmp_path, monkeypatch):
     assert got.envs == chosen.sizes["envs"]
 
 
-def test_a_wide_models_prediction_piece_shrinks_the_batch_fits_beside(tmp_path, monkeypatch):
+def test_a_wide_models_prediction_piece_shrinks_the_batch_fits_beside(
+    tmp_path, monkeypatch, caplog
+):
     """The supervised agent's prediction piece from the 'device' (the probes are real: TLOB's
     forward over n windows, here on the CPU; memory faked at 1 MiB a window the network sees):
     1 GiB free, PREDICT_SHARE of it -> the largest power of two within, not PREDICT_BATCH.
-    The batch's probe then has MARGIN of the free memory less the piece's forward."""
+    The batch's probe then has MARGIN of the free memory less the piece's forward. On a
+    'GPU' with a quarter of that free, the batch goes below the CPU's 256, with a warning."""
     from foxhunt.train.agents import supervised
     from foxhunt.train.agents.supervised import PREDICT_SHARE, SupervisedAgent
     from foxhunt.train.env import EnvConfig
@@ -237,3 +240,9 @@ def test_a_wide_models_prediction_piece_shrinks_the_batch_fits_beside(tmp_path, 
     assert (batch.size, batch.budget_bytes) == (256, int(2**30 * sizer.MARGIN) - 128 * 2**20)
     again = agent._device_piece()  # the next task of this configuration: from the cache
     assert (again.size, again.source) == (128, "cache")
+    assert "batch" not in caplog.text
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**28, 2**31))
+    agent.predict_batch = 64
+    small = agent._device_batch()  # MARGIN of 256 MiB less the piece's 64 MiB: 64 fit
+    assert (small.size, small.source) == (64, "probed")
+    assert "TLOBConfig: batch 64, the largest whose step fits in 0.1 GiB" in caplog.text

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import logging
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -74,6 +75,8 @@ from foxhunt.train.data import N_MKT, MarketData
 from foxhunt.train.env import DIRECTIONS, PORTFOLIO, SIZES, EnvConfig
 from foxhunt.train.sizer import Choice, device_size
 
+log = logging.getLogger(__name__)
+
 CLASSES = ("down", "flat", "up")
 FLAT = DIRECTIONS.index(0.0)
 STATS = ("loss", "grad_norm", "accuracy", "steps", "lr")
@@ -84,6 +87,10 @@ SupervisedAgent._device_piece)."""
 PREDICT_MIN = 64
 """The smallest piece the device may choose: a model whose forward over it does not fit is
 refused, with the sizer's error."""
+BATCH_MIN = 32
+"""The smallest batch the device may choose for a step (a wide model on a smaller GPU gets
+less than the CPU's 256, with a warning; one whose step does not fit at it is refused, with
+the sizer's error)."""
 PREDICT_SHARE = 0.2
 """Fraction of the free GPU memory the prediction piece may take; the training step's batch is
 then sized in what is left (foxhunt.train.sizer.MARGIN of the free memory, less the piece's)."""
@@ -407,9 +414,14 @@ class SupervisedAgent(FlatGrad, AgentState):
 
         what = self._memory_key()
         what["predict_batch"] = self.predict_batch  # sizes chosen without its room are not reused
-        lo = min(256, cfg.max_batch)
-        return device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch,
-                           beside=lambda: self._predict_probe(self.predict_batch))  # fmt: skip
+        lo = min(BATCH_MIN, cfg.max_batch)
+        got = device_size(self.device, type(cfg).__name__, what, probe, lo, cfg.max_batch,
+                          beside=lambda: self._predict_probe(self.predict_batch))  # fmt: skip
+        if got.size < SIZES_BY_DEVICE["batch_size"][1] <= cfg.max_batch:
+            log.warning("%s: batch %d, the largest whose step fits in %.1f GiB of this GPU; "
+                        "for a larger effective batch set `accumulate` (micro-batches a step)",
+                        type(cfg).__name__, got.size, got.budget_bytes / 2**30)  # fmt: skip
+        return got
 
     # ------------------------------------------------------------------ fold
     def reset_fold(self, train_lo: int, train_hi: int, seed: int) -> None:
