@@ -112,7 +112,7 @@ class SupervisedConfig:
     quantiles: tuple[float, float, float] = (0.1, 0.5, 0.9)
     """The return target's quantiles, ascending, the middle one the median traded on."""
     batch_size: int | None = None
-    """Samples per optimiser step (default: on a GPU the largest power of two up to
+    """Samples per optimiser step (default: on a GPU the largest power of two from 32 up to
     `max_batch` whose step fits in half the free memory, foxhunt.train.sizer; 256 on a CPU)."""
     max_batch: int = 4096
     """The largest batch the device sizer may choose."""
