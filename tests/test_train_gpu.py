@@ -476,8 +476,8 @@ def test_ensemble_members_on_streams_give_the_sequential_probabilities():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_a_wide_tft_predicts_in_pieces_that_fit(tmp_path, monkeypatch):
     """TFT at hidden 512, window 128 (its forward over the default 2,048 windows needs ~160 GB):
-    the device chooses a smaller prediction piece, the batch is sized beside it (an H200 fits
-    256 or more; an H100's budget, 28 GiB, not 256, so less), and the captured step and
+    the device chooses a smaller prediction piece, the batch is sized beside it (256 or more
+    on an H200; on an H100, whose budget there is ~28 GiB, 128), and the captured step and
     prediction graphs train and evaluate without running out of memory."""
     from foxhunt.train.agents.supervised import BATCH_MIN, PREDICT_BATCH, SupervisedAgent
     from foxhunt.train.models.tft import TFTConfig
