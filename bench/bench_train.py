@@ -38,6 +38,9 @@ torch.compile), `-flatgrad` (with `-aot`: the learning step's gradient taken for
 parameter buffer itself, which autograd forms from a zero buffer of the flat's size per
 parameter, rather than for the parameters' views and concatenated, `common.FlatGrad`; its
 packages in a folder of their own, since the switch changes the trace, not the source),
+`-autotune` (torch.compile's `max-autotune-no-cudagraphs` mode; with `-aot`: the packages'
+matrix products tuned at build time among cuBLAS's and Triton's templates, inductor's
+`max_autotune`),
 `-reorder` (with `-aot`: the packages' combo kernels built with inductor's loop reordering after
 fusion, which `common.COMBO_NO_REORDER` turns off on torch before 2.13 and torch.compile's lone
 agent keeps),
@@ -319,6 +322,10 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         backward, cache = flat_backward, lambda: folder
     # -reorder: the packages' combo kernels with the loop reordering (the options key them).
     combo_aot = {"combo_kernels": True} if "reorder" in opts else dict(dqn.COMBO_NO_REORDER)
+    # -aot-autotune: the packages' matrix products tuned at build time among cuBLAS's and
+    # Triton's templates (inductor's max_autotune; the build is cached with the package).
+    if "autotune" in opts and mode == "aot":
+        combo_aot |= {"max_autotune": True, "max_autotune_gemm_backends": "ATEN,TRITON"}
     # -pwonly / -benchcombo: inductor's combo-kernel settings, for the packages and
     # torch.compile's graphs (pointwise kernels alone grouped; each combo kernel timed against
     # its parts), where this torch has them.
