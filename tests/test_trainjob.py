@@ -161,6 +161,8 @@ def test_the_step_submits_the_task_and_fails_with_the_job_s_reason(api, tmp_path
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.setattr(tj, "in_cluster_api", lambda: api)
     monkeypatch.setattr(tj, "pod_namespace", lambda: "team-a")
+    run = tj.run  # its default poll waits 15 s between the job's states
+    monkeypatch.setattr(tj, "run", lambda api, job: run(api, job, poll_s=0.01))
     folds = tmp_path / "folds.json"
     folds.write_text(json.dumps({"fxcache_key": "k", "folds": [{"fold": 0}]}))
     KubeAPI.states = [state(None), state("Failed", "PodFailed", "node-0: OOMKilled")]
