@@ -8,7 +8,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from foxhunt.train.models.mamba2 import Mamba2, Mamba2Config, segment_sums, ssd_chunked, ssd_scan
+from foxhunt.train.models.mamba2 import (
+    Mamba2,
+    Mamba2Config,
+    segment_sums,
+    ssd_chunked,
+    ssd_last,
+    ssd_scan,
+)
 
 
 def random_ssd(b=2, L=24, h=3, p=4, n=5, seed=0, dtype=torch.float64):
@@ -60,6 +67,21 @@ def test_chunked_equals_the_scan_forward_and_gradients(chunk):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("chunk", [24, 8, 5, 1])
+def test_the_last_step_alone_is_the_scan_s_last_forward_and_gradients(chunk):
+    """ssd_last (the network's last block: the state after every step, no other output)
+    against the recurrence's last output, through whole chunks and a padded one."""
+    args = [a.requires_grad_() for a in random_ssd(L=24, seed=10 + chunk)]
+    want = ssd_scan(*args)[:, -1]
+    got = ssd_last(*args, chunk=chunk)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    w = torch.randn_like(want)
+    g_want = torch.autograd.grad((want * w).sum(), args)
+    g_got = torch.autograd.grad((got * w).sum(), args)
+    for name, a, b in zip("x dt A B C".split(), g_got, g_want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
 def test_chunked_in_float32_stays_close_over_a_long_window():
     """At the GPU default (window 128, chunk 64) in float32, as training runs it."""
     x, dt, A, B, C = random_ssd(b=4, L=128, h=4, p=8, n=16, seed=3)
@@ -84,6 +106,8 @@ def test_the_network_is_causal_and_its_chunked_and_scanned_forms_agree():
     torch.testing.assert_close(moved[:, :10], full[:, :10], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(block(u[:, :10]), full[:, :10], rtol=1e-12, atol=1e-12)
     assert not torch.allclose(moved[:, 10:], full[:, 10:])
+    # the last block's form for the readout: the last bar's row of the full form
+    torch.testing.assert_close(block(u, last=True), full[:, -1], rtol=1e-12, atol=1e-12)
 
 
 def test_config_sizes_resolve_per_device_and_are_checked():

@@ -19,7 +19,10 @@ A block, as in the paper's Mamba-2 architecture: one input projection to (z, x, 
 causal depthwise convolution of width `conv` over (x, B, C) and SiLU, the SSD with dt =
 softplus(. + dt_bias) and A = -exp(A_log), the skip D, a gated RMSNorm of y * SiLU(z), and the
 output projection; blocks are pre-normed residual layers. The class logits are a linear readout
-of the last bar's representation.
+of the last bar's representation, so the last block computes that bar's output alone: its SSD
+output is C . H with H the state after every step (`ssd_last`: the chunked algorithm's carry
+across the chunks, without their quadratic part), its norm and output projection one row a
+window (the demo's epoch about a quarter shorter on a CPU, with its two blocks).
 """
 
 from __future__ import annotations
@@ -40,7 +43,15 @@ from foxhunt.train.agents.supervised import (
 )
 from foxhunt.train.data import N_MKT
 
-__all__ = ["Mamba2", "Mamba2Config", "SupervisedAgent", "acting_net", "ssd_chunked", "ssd_scan"]
+__all__ = [
+    "Mamba2",
+    "Mamba2Config",
+    "SupervisedAgent",
+    "acting_net",
+    "ssd_chunked",
+    "ssd_last",
+    "ssd_scan",
+]
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,9 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
                          -math.inf)  # fmt: skip
 
 
-def ssd_chunked(x, dt, A, B, C, chunk: int):
-    """The same outputs as `ssd_scan` by the chunked SSD algorithm (see the module doc)."""
+def _chunks(x, dt, A, B, C, chunk: int):
+    """The inputs padded to whole chunks and cut into them: dt x [b, c, Q, h, p], B and C
+    [b, c, Q, h, n], the log-decays [b, h, c, Q]."""
     b, L, h, p = x.shape
     pad = (-L) % chunk
     if pad:  # zeros at the end: dt = 0 there, so nothing flows and no earlier output moves
@@ -121,22 +133,45 @@ def ssd_chunked(x, dt, A, B, C, chunk: int):
     c = x.shape[1] // chunk
     xs = (x * dt[..., None]).view(b, c, chunk, h, p)
     Bc, Cc = B.view(b, c, chunk, h, -1), C.view(b, c, chunk, h, -1)
-    a = (dt * A).view(b, c, chunk, h).permute(0, 3, 1, 2)  # [b, h, c, Q] log-decays
-    a_cum = a.cumsum(-1)
+    a = (dt * A).view(b, c, chunk, h).permute(0, 3, 1, 2)
+    return xs, Bc, Cc, a
+
+
+def _carried_states(xs, Bc, a_cum):
+    """The state entering each chunk, then the state after the last: [b, c + 1, h, p, n]."""
+    # each chunk's final state from its own inputs
+    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, h, c, Q]
+    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, to_end, xs)
+    # the states carried across chunks: one step per chunk
+    states = torch.cat([torch.zeros_like(states[:, :1]), states], 1)  # [b, c + 1, h, p, n]
+    across = torch.exp(segment_sums(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c + 1, c + 1]
+    return torch.einsum("bhzc,bchpn->bzhpn", across, states)
+
+
+def ssd_chunked(x, dt, A, B, C, chunk: int):
+    """The same outputs as `ssd_scan` by the chunked SSD algorithm (see the module doc)."""
+    b, L, h, p = x.shape
+    xs, Bc, Cc, a = _chunks(x, dt, A, B, C, chunk)
+    a_cum = a.cumsum(-1)  # [b, h, c, Q]
     # 1. inside each chunk: y_i = sum_{j <= i} (C_i . B_j) exp(a_{j+1..i}) x_j
     decay = torch.exp(segment_sums(a))  # [b, h, c, Q, Q]
     scores = torch.einsum("bclhn,bcshn->bhcls", Cc, Bc) * decay
     y = torch.einsum("bhcls,bcshp->bclhp", scores, xs)
-    # 2. each chunk's final state from its own inputs
-    to_end = torch.exp(a_cum[..., -1:] - a_cum)  # [b, h, c, Q]
-    states = torch.einsum("bclhn,bhcl,bclhp->bchpn", Bc, to_end, xs)
-    # 3. the states carried across chunks: one step per chunk
-    states = torch.cat([torch.zeros_like(states[:, :1]), states], 1)  # [b, c + 1, h, p, n]
-    across = torch.exp(segment_sums(F.pad(a_cum[..., -1], (1, 0))))  # [b, h, c + 1, c + 1]
-    states = torch.einsum("bhzc,bchpn->bzhpn", across, states)[:, :-1]
+    # 2. and 3. each chunk's own final state, carried across the chunks
+    states = _carried_states(xs, Bc, a_cum)[:, :-1]
     # 4. what the carried-in state adds to each output of the chunk
     y = y + torch.einsum("bclhn,bchpn,bhcl->bclhp", Cc, states, torch.exp(a_cum))
-    return y.reshape(b, c * chunk, h, p)[:, :L]
+    return y.reshape(b, -1, h, p)[:, :L]
+
+
+def ssd_last(x, dt, A, B, C, chunk: int):
+    """`ssd_chunked`'s output at the last step alone, [b, h, p]: C_L . H_L, with H_L the state
+    after every step, carried across the chunks as there (steps 2 and 3), without the
+    chunks' quadratic part or any other step's output. What the network's last block needs:
+    its readout reads the last bar alone."""
+    xs, Bc, _, a = _chunks(x, dt, A, B, C, chunk)
+    final = _carried_states(xs, Bc, a.cumsum(-1))[:, -1]  # [b, h, p, n]
+    return torch.einsum("bhpn,bhn->bhp", final, C[:, -1])
 
 
 # ---------------------------------------------------------------------------------- network
@@ -171,8 +206,10 @@ class Mamba2Block(nn.Module):
         self.norm = GatedRMSNorm(inner)
         self.out_proj = nn.Linear(inner, d_model, bias=False)
 
-    def forward(self, u: torch.Tensor, scan: bool = False) -> torch.Tensor:
-        """u [b, L, d_model] -> [b, L, d_model]; `scan` runs the step-by-step reference."""
+    def forward(self, u: torch.Tensor, scan: bool = False, last: bool = False) -> torch.Tensor:
+        """u [b, L, d_model] -> [b, L, d_model], or with `last` the last bar's output alone
+        [b, d_model] (from the SSD's final state: `ssd_last`); `scan` runs the step-by-step
+        reference."""
         b, L, _ = u.shape
         z, xbc, dt = self.in_proj(u).split([self.inner, self.xbc, self.heads], -1)
         # The weights cast to the input's dtype by hand: autocast casts conv1d's bias only
@@ -193,12 +230,17 @@ class Mamba2Block(nn.Module):
         C = C.to(f)[:, :, None, :].expand(b, L, self.heads, self.d_state)
         x = x.to(f)
         with torch.autocast(u.device.type, enabled=False):
-            if scan:
+            if scan:  # the reference computes every step, whose last is taken where asked
                 y = ssd_scan(x, dt, A, B, C)
+                y = y[:, -1] if last else y
+            elif last:
+                y = ssd_last(x, dt, A, B, C, self.chunk)
             else:
                 y = ssd_chunked(x, dt, A, B, C, self.chunk)
+            if last:
+                x, z = x[:, -1], z[:, -1]
             y = y + self.D[:, None] * x
-            y = self.norm(y.reshape(b, L, self.inner), z.to(f))
+            y = self.norm(y.reshape(*y.shape[:-2], self.inner), z.to(f))
         return self.out_proj(y)
 
 
@@ -215,8 +257,11 @@ class Mamba2(nn.Module):
         self.head = nn.Linear(d_model, 3)
 
     def forward(self, x: torch.Tensor, scan: bool = False) -> torch.Tensor:
-        """Class logits [B, 3] of windows x [B, L, F]."""
+        """Class logits [B, 3] of windows x [B, L, F], read from the last bar's representation:
+        the last block computes that bar's output alone."""
         h = self.embed(x)
-        for norm, block in zip(self.norms, self.blocks, strict=True):
-            h = h + block(norm(h), scan=scan)
-        return self.head(self.final(h[:, -1])).float()
+        *before, (norm, block) = zip(self.norms, self.blocks, strict=True)
+        for n, b in before:
+            h = h + b(n(h), scan=scan)
+        h = h[:, -1] + block(norm(h), scan=scan, last=True)
+        return self.head(self.final(h)).float()
