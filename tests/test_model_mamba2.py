@@ -55,30 +55,18 @@ def test_the_scan_is_the_quadratic_form():
 
 
 @pytest.mark.parametrize("chunk", [24, 8, 6, 5, 1])  # one chunk; 3; 4; 24 = 4 x 5 + pad 1; 24
-def test_chunked_equals_the_scan_forward_and_gradients(chunk):
+@pytest.mark.parametrize("last", [False, True], ids=["every-step", "last-step"])
+def test_chunked_equals_the_scan_forward_and_gradients(chunk, last):
+    """ssd_chunked against the recurrence; with `last`, ssd_last (the network's last block: the
+    state after every step, no other output) against the recurrence's last output."""
     args = [a.requires_grad_() for a in random_ssd(L=24, seed=chunk)]
-    y_scan = ssd_scan(*args)
-    y_chunk = ssd_chunked(*args, chunk=chunk)
+    y_scan = ssd_scan(*args)[:, -1] if last else ssd_scan(*args)
+    y_chunk = ssd_last(*args, chunk=chunk) if last else ssd_chunked(*args, chunk=chunk)
     torch.testing.assert_close(y_chunk, y_scan, rtol=1e-10, atol=1e-10)
     w = torch.randn_like(y_scan)
     g_scan = torch.autograd.grad((y_scan * w).sum(), args)
     g_chunk = torch.autograd.grad((y_chunk * w).sum(), args)
     for name, a, b in zip("x dt A B C".split(), g_chunk, g_scan, strict=True):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
-
-
-@pytest.mark.parametrize("chunk", [24, 8, 5, 1])
-def test_the_last_step_alone_is_the_scan_s_last_forward_and_gradients(chunk):
-    """ssd_last (the network's last block: the state after every step, no other output)
-    against the recurrence's last output, through whole chunks and a padded one."""
-    args = [a.requires_grad_() for a in random_ssd(L=24, seed=10 + chunk)]
-    want = ssd_scan(*args)[:, -1]
-    got = ssd_last(*args, chunk=chunk)
-    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
-    w = torch.randn_like(want)
-    g_want = torch.autograd.grad((want * w).sum(), args)
-    g_got = torch.autograd.grad((got * w).sum(), args)
-    for name, a, b in zip("x dt A B C".split(), g_got, g_want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
 
 
