@@ -261,7 +261,7 @@ class Mamba2(nn.Module):
         the last block computes that bar's output alone."""
         h = self.embed(x)
         *before, (norm, block) = zip(self.norms, self.blocks, strict=True)
-        for n, b in before:
-            h = h + b(n(h), scan=scan)
+        for norm_i, block_i in before:
+            h = h + block_i(norm_i(h), scan=scan)
         h = h[:, -1] + block(norm(h), scan=scan, last=True)
         return self.head(self.final(h)).float()
