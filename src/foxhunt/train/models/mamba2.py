@@ -123,18 +123,17 @@ def segment_sums(a: torch.Tensor) -> torch.Tensor:
                          -math.inf)  # fmt: skip
 
 
-def _chunks(x, dt, A, B, C, chunk: int):
-    """The inputs padded to whole chunks and cut into them: dt x [b, c, Q, h, p], B and C
-    [b, c, Q, h, n], the log-decays [b, h, c, Q]."""
+def _chunks(x, dt, A, chunk: int, *per_step):
+    """The inputs padded to whole chunks and cut into them: dt x [b, c, Q, h, p], the
+    log-decays [b, h, c, Q], and each of `per_step` (B, C: [b, L, h, n]) as [b, c, Q, h, n]."""
     b, L, h, p = x.shape
     pad = (-L) % chunk
     if pad:  # zeros at the end: dt = 0 there, so nothing flows and no earlier output moves
-        x, dt, B, C = (F.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for v in (x, dt, B, C))
+        x, dt, *per_step = (F.pad(v, (0, 0) * (v.dim() - 2) + (0, pad)) for v in (x, dt, *per_step))
     c = x.shape[1] // chunk
     xs = (x * dt[..., None]).view(b, c, chunk, h, p)
-    Bc, Cc = B.view(b, c, chunk, h, -1), C.view(b, c, chunk, h, -1)
     a = (dt * A).view(b, c, chunk, h).permute(0, 3, 1, 2)
-    return xs, Bc, Cc, a
+    return xs, a, *(v.view(b, c, chunk, h, -1) for v in per_step)
 
 
 def _carried_states(xs, Bc, a_cum):
@@ -151,7 +150,7 @@ def _carried_states(xs, Bc, a_cum):
 def ssd_chunked(x, dt, A, B, C, chunk: int):
     """The same outputs as `ssd_scan` by the chunked SSD algorithm (see the module doc)."""
     b, L, h, p = x.shape
-    xs, Bc, Cc, a = _chunks(x, dt, A, B, C, chunk)
+    xs, a, Bc, Cc = _chunks(x, dt, A, chunk, B, C)
     a_cum = a.cumsum(-1)  # [b, h, c, Q]
     # 1. inside each chunk: y_i = sum_{j <= i} (C_i . B_j) exp(a_{j+1..i}) x_j
     decay = torch.exp(segment_sums(a))  # [b, h, c, Q, Q]
@@ -169,7 +168,7 @@ def ssd_last(x, dt, A, B, C, chunk: int):
     after every step, carried across the chunks as there (steps 2 and 3), without the
     chunks' quadratic part or any other step's output. What the network's last block needs:
     its readout reads the last bar alone."""
-    xs, Bc, _, a = _chunks(x, dt, A, B, C, chunk)
+    xs, a, Bc = _chunks(x, dt, A, chunk, B)  # C's last row alone is read
     final = _carried_states(xs, Bc, a.cumsum(-1))[:, -1]  # [b, h, p, n]
     return torch.einsum("bhpn,bhn->bhp", final, C[:, -1])
 
