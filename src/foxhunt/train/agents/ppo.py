@@ -28,21 +28,15 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train.agents.common import (
-    IN_DIM,
-    Capture,
-    Precision,
-    compiled,
-    resolve,
-)
+from foxhunt.train.agents.common import IN_DIM, compiled
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import ONPOLICY_SIZES, OnPolicyAgent, gae
+from foxhunt.train.agents.rollout import OnPolicyAgent, OnPolicyConfig, gae
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import BRANCHES, EnvConfig
 
@@ -55,22 +49,10 @@ STATS = (
 
 
 @dataclass(frozen=True)
-class PPOConfig:
-    """PPO hyperparameters. Sizes left at None are chosen for the device: a GPU-sized run on
-    CUDA (16,384 envs), a CPU-sized one otherwise."""
+class PPOConfig(OnPolicyConfig):
+    """PPO hyperparameters beside those it shares with PQN (OnPolicyConfig): the actor's and
+    the critic's hidden layers are two MLPs of `hidden`'s shape."""
 
-    hidden: tuple[int, ...] = (256, 256)
-    """Widths of the actor's and of the critic's hidden layers (two MLPs of the same shape)."""
-    envs: int | None = None
-    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
-    rollout_steps: int | None = None
-    """Steps per env in a rollout (default: 32 on a GPU, 64 on a CPU)."""
-    rounds: int | None = None
-    """Rollouts (each followed by its update) per epoch (default: 4 on a GPU, 8 on a CPU)."""
-    update_epochs: int = 4
-    """Passes over each rollout."""
-    minibatches: int = 4
-    """Minibatches per pass (each envs * rollout_steps / minibatches samples)."""
     accumulate: int = 1
     """Micro-batches per minibatch whose gradients are summed before one optimiser step: the
     same updates in less memory."""
@@ -88,62 +70,25 @@ class PPOConfig:
     """Weight of the entropy bonus."""
     norm_adv: bool = True
     """Normalise advantages per minibatch."""
-    lr: float = 3e-4
-    """Adam learning rate at the start of a fold."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the fold's rounds."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
-    weight by lr * weight_decay before Adam's update, so it anneals with the learning rate.
-    0: plain Adam, bit for bit."""
     adam_eps: float = 1e-5
     """Adam epsilon (cleanrl's)."""
-    max_grad_norm: float = 0.5
-    """Global gradient-norm clip."""
-    reward_scale: float = 1e4
-    """Rewards (returns as fractions of notional) are learned in basis points."""
-    precision: Precision = "auto"
-    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
-    capture: Capture = "auto"
-    """CUDA graphs for the rollout and the update (auto: on CUDA)."""
-    compile: bool | None = None
-    """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
-    compile_mode: Literal["default", "aot"] = "default"
-    """"aot" (which turns `compile` on, on a CPU as well): a minibatch's loss, gradient and
-    optimiser step, and the evaluation's step, compiled ahead of time by AOTInductor into the
-    compile cache and loaded from there by the task that built them and by every later one,
-    which then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers
-    equal the default mode's to float rounding."""
 
-    device_sized: ClassVar[tuple[str, ...]] = ("envs",)
-    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
+    micro_batches_are: ClassVar[str] = "minibatches * accumulate"
 
-    def resolved(self, device: torch.device) -> PPOConfig:
-        return resolve(self, device, ONPOLICY_SIZES)
+    @property
+    def micro_batches(self) -> int:
+        return self.minibatches * self.accumulate
 
     def __post_init__(self) -> None:
         need = functools.partial(check, self)
-        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
-        for k in ("envs", "rollout_steps", "rounds"):
-            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
-        for k in ("update_epochs", "minibatches", "accumulate"):
-            need(getattr(self, k) >= 1, k, "must be at least 1")
+        need(self.accumulate >= 1, "accumulate", "must be at least 1")
+        super().__post_init__()
         need(0.0 <= self.gamma <= 1.0, "gamma", "must be in [0, 1]")
         need(0.0 <= self.gae_lambda <= 1.0, "gae_lambda", "must be in [0, 1]")
         need(self.clip_coef > 0, "clip_coef", "must be > 0")
         for k in ("vf_coef", "ent_coef"):
             need(getattr(self, k) >= 0, k, "must not be negative")
-        for k in ("lr", "adam_eps", "max_grad_norm", "reward_scale"):
-            need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
-        wd = self.weight_decay
-        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
-        if self.envs is not None and self.rollout_steps is not None:
-            n = self.envs * self.rollout_steps
-            if n % (self.minibatches * self.accumulate):
-                raise ValueError(
-                    f"envs * rollout_steps = {n} must divide into minibatches * accumulate = "
-                    f"{self.minibatches * self.accumulate} equal micro-batches"
-                )
+        need(self.adam_eps > 0 and math.isfinite(self.adam_eps), "adam_eps", "must be > 0")
 
 
 # ---------------------------------------------------------------------------------- network

@@ -18,22 +18,14 @@ GPU, bf16 autocast for the matrix work and float32 targets and losses.
 from __future__ import annotations
 
 import functools
-import math
 from dataclasses import dataclass
-from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 
-from foxhunt.train.agents.common import (
-    IN_DIM,
-    Capture,
-    Precision,
-    compiled,
-    resolve,
-)
+from foxhunt.train.agents.common import IN_DIM, compiled
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import ONPOLICY_SIZES, OnPolicyAgent, lambda_returns
+from foxhunt.train.agents.rollout import OnPolicyAgent, OnPolicyConfig, lambda_returns
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import JOINT, EnvConfig, joint_table
 
@@ -45,21 +37,14 @@ STATS = (
 
 
 @dataclass(frozen=True)
-class PQNConfig:
-    """PQN hyperparameters. Sizes left at None are chosen for the device, as PPO's."""
+class PQNConfig(OnPolicyConfig):
+    """PQN hyperparameters beside those it shares with PPO (OnPolicyConfig): `hidden` are the
+    Q-network's hidden layers, each LayerNorm + ReLU."""
 
-    hidden: tuple[int, ...] = (256, 256)
-    """Widths of the Q-network's hidden layers (each LayerNorm + ReLU)."""
-    envs: int | None = None
-    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
-    rollout_steps: int | None = None
-    """Steps per env in a rollout (default: 32 on a GPU, 64 on a CPU)."""
-    rounds: int | None = None
-    """Rollouts (each followed by its update) per epoch (default: 4 on a GPU, 8 on a CPU)."""
     update_epochs: int = 2
     """Passes over each rollout."""
-    minibatches: int = 4
-    """Minibatches per pass."""
+    max_grad_norm: float = 10.0
+    """Global gradient-norm clip."""
     gamma: float = 0.9
     """Discount per bar. The demo market's edge has a half-life of ~7 bars, and PQN's
     Q(lambda) targets at 0.9 beat 0.5 there (docs/learning-notes.md)."""
@@ -71,57 +56,13 @@ class PQNConfig:
     """Epsilon after the decay."""
     eps_decay: float = 0.25
     """Fraction of the fold's rounds over which epsilon decays."""
-    lr: float = 3e-4
-    """Adam learning rate at the start of a fold."""
-    anneal_lr: bool = True
-    """Anneal the learning rate linearly to 0 over the fold's rounds."""
-    weight_decay: float = 0.0
-    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
-    weight by lr * weight_decay before Adam's update, so it anneals with the learning rate.
-    0: plain Adam, bit for bit."""
-    max_grad_norm: float = 10.0
-    """Global gradient-norm clip."""
-    reward_scale: float = 1e4
-    """Rewards (returns as fractions of notional) are learned in basis points."""
-    precision: Precision = "auto"
-    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
-    capture: Capture = "auto"
-    """CUDA graphs for the rollout and the update (auto: on CUDA)."""
-    compile: bool | None = None
-    """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
-    compile_mode: Literal["default", "aot"] = "default"
-    """"aot" (which turns `compile` on, on a CPU as well): a minibatch's loss, gradient and
-    optimiser step, and the evaluation's step, compiled ahead of time by AOTInductor into the
-    compile cache and loaded from there by the task that built them and by every later one,
-    which then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers
-    equal the default mode's to float rounding."""
-
-    device_sized: ClassVar[tuple[str, ...]] = ("envs",)
-    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
-
-    def resolved(self, device: torch.device) -> PQNConfig:
-        return resolve(self, device, ONPOLICY_SIZES)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         need = functools.partial(check, self)
-        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
-        for k in ("envs", "rollout_steps", "rounds"):
-            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
-        for k in ("update_epochs", "minibatches"):
-            need(getattr(self, k) >= 1, k, "must be at least 1")
         for k in ("gamma", "q_lambda", "eps_start", "eps_end"):
             need(0.0 <= getattr(self, k) <= 1.0, k, "must be in [0, 1]")
         need(0.0 < self.eps_decay <= 1.0, "eps_decay", "must be in (0, 1]")
-        for k in ("lr", "max_grad_norm", "reward_scale"):
-            need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
-        wd = self.weight_decay
-        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
-        if self.envs is not None and self.rollout_steps is not None:
-            if (self.envs * self.rollout_steps) % self.minibatches:
-                raise ValueError(
-                    f"envs * rollout_steps = {self.envs * self.rollout_steps} must divide into "
-                    f"minibatches = {self.minibatches} equal parts"
-                )
 
 
 # ---------------------------------------------------------------------------------- network

@@ -14,7 +14,10 @@ terminal states: every step also keeps the state the env reached before a restar
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Literal, Self
 
 import torch
 from torch import nn
@@ -22,8 +25,10 @@ from torch import nn
 from foxhunt.train import aot
 from foxhunt.train.agents.common import (
     AgentState,
+    Capture,
     FlatGrad,
     Observation,
+    Precision,
     autocast,
     capture_restoring,
     clip_and_step,
@@ -34,16 +39,95 @@ from foxhunt.train.agents.common import (
     flatten_into_views,
     mark_step,
     module_weights,
+    resolve,
     restart,
     run_state,
     start_fold,
 )
+from foxhunt.train.agents.common import need as check
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig, TradingEnv
 
 # (GPU, CPU) defaults of PPO's and PQN's sizes left at None: 16,384 envs x 32 steps x 4 rounds
 # (2.1 M env steps an epoch, as the DQN's standard epoch collects 1.6 M) on a GPU.
 ONPOLICY_SIZES = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
+
+
+@dataclass(frozen=True)
+class OnPolicyConfig:
+    """The hyperparameters PPO and PQN share (PPOConfig and PQNConfig add their own). Sizes
+    left at None are chosen for the device: a GPU-sized run on CUDA (16,384 envs), a CPU-sized
+    one otherwise."""
+
+    hidden: tuple[int, ...] = (256, 256)
+    """Widths of the network's hidden layers."""
+    envs: int | None = None
+    """Parallel environments (default: 16384 on a GPU, 128 on a CPU)."""
+    rollout_steps: int | None = None
+    """Steps per env in a rollout (default: 32 on a GPU, 64 on a CPU)."""
+    rounds: int | None = None
+    """Rollouts (each followed by its update) per epoch (default: 4 on a GPU, 8 on a CPU)."""
+    update_epochs: int = 4
+    """Passes over each rollout."""
+    minibatches: int = 4
+    """Minibatches per pass (each envs * rollout_steps / minibatches samples)."""
+    lr: float = 3e-4
+    """Adam learning rate at the start of a fold."""
+    anneal_lr: bool = True
+    """Anneal the learning rate linearly to 0 over the fold's rounds."""
+    weight_decay: float = 0.0
+    """Decoupled weight decay (AdamW's; Loshchilov & Hutter, 2019): each step shrinks every
+    weight by lr * weight_decay before Adam's update, so it anneals with the learning rate.
+    0: plain Adam, bit for bit."""
+    max_grad_norm: float = 0.5
+    """Global gradient-norm clip."""
+    reward_scale: float = 1e4
+    """Rewards (returns as fractions of notional) are learned in basis points."""
+    precision: Precision = "auto"
+    """Matrix work in bfloat16 autocast (auto: on CUDA)."""
+    capture: Capture = "auto"
+    """CUDA graphs for the rollout and the update (auto: on CUDA)."""
+    compile: bool | None = None
+    """torch.compile the loss and the optimiser step before capture (default: on with graphs)."""
+    compile_mode: Literal["default", "aot"] = "default"
+    """"aot" (which turns `compile` on, on a CPU as well): a minibatch's loss, gradient and
+    optimiser step, and the evaluation's step, compiled ahead of time by AOTInductor into the
+    compile cache and loaded from there by the task that built them and by every later one,
+    which then traces and compiles nothing (foxhunt.train.aot). Experimental: its numbers
+    equal the default mode's to float rounding."""
+
+    device_sized: ClassVar[tuple[str, ...]] = ("envs",)
+    """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
+
+    def resolved(self, device: torch.device) -> Self:
+        return resolve(self, device, ONPOLICY_SIZES)
+
+    micro_batches_are: ClassVar[str] = "minibatches"
+    """What `micro_batches` counts, for the error that refuses sizes it does not divide."""
+
+    @property
+    def micro_batches(self) -> int:
+        """The equal parts an update's pass cuts a rollout into, a gradient each."""
+        return self.minibatches
+
+    def __post_init__(self) -> None:
+        need = functools.partial(check, self)
+        need(len(self.hidden) > 0 and min(self.hidden) >= 1, "hidden", "widths must be >= 1")
+        for k in ("envs", "rollout_steps", "rounds"):
+            need(getattr(self, k) is None or getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("update_epochs", "minibatches"):
+            need(getattr(self, k) >= 1, k, "must be at least 1")
+        for k in ("lr", "max_grad_norm", "reward_scale"):
+            need(getattr(self, k) > 0 and math.isfinite(getattr(self, k)), k, "must be > 0")
+        wd = self.weight_decay
+        need(wd >= 0 and math.isfinite(wd), "weight_decay", "must be >= 0 and finite")
+        if self.envs is not None and self.rollout_steps is not None:
+            n = self.envs * self.rollout_steps
+            if n % self.micro_batches:
+                raise ValueError(
+                    f"envs * rollout_steps = {n} must divide into {self.micro_batches_are} = "
+                    f"{self.micro_batches} equal micro-batches"
+                )
 
 
 class Rollout:
