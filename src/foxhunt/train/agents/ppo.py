@@ -36,15 +36,14 @@ from torch import nn
 
 from foxhunt.train.agents.common import IN_DIM, compiled
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import OnPolicyAgent, OnPolicyConfig, gae
+from foxhunt.train.agents.rollout import COLLECTED, OnPolicyAgent, OnPolicyConfig, gae
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import BRANCHES, EnvConfig
 
 N_LOGITS = sum(BRANCHES)
 STATS = (
-    "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "grad_norm", "loss",
-    "collect_reward", "collect_trades", "episodes", "collect_short", "collect_flat",
-    "collect_long", "value", "lr",
+    "pg_loss", "v_loss", "entropy", "approx_kl", "clipfrac", "grad_norm", "loss", *COLLECTED,
+    "value", "lr",
 )  # fmt: skip
 
 
@@ -176,6 +175,8 @@ class PPOAgent(OnPolicyAgent):
     """PPO's state for one task: the actor-critic, and per rollout step the behaviour's log
     probabilities and the critic's values (OnPolicyAgent has the rest)."""
 
+    collected_at = STATS.index(COLLECTED[0])
+
     def __init__(self, cfg: PPOConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         super().__init__(
             cfg, env_cfg, data, seed, lambda c: ActorCritic(c.hidden), len(STATS), cfg.adam_eps
@@ -209,10 +210,7 @@ class PPOAgent(OnPolicyAgent):
             self.logp[k].copy_(logp)
             self.value[k].copy_(value)
             self.next_value[k].copy_(next_value.float().squeeze(-1))
-            s[7] += r.sum()
-            s[8] += filled.abs().sum()
-            s[9] += done.sum()
-            s[10:13] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
+            self._count(a, r, filled, done)
             s[13] += value.mean()
 
     # ------------------------------------------------------------------ update
@@ -262,29 +260,17 @@ class PPOAgent(OnPolicyAgent):
             self.stats[6] += loss.detach() / A
         self.stats[5] += self._grad_step()
 
-    def read_stats(self) -> dict[str, float]:
-        v = self.stats.tolist()
-        self.stats.zero_()
-        R = max(self.rounds, 1)
-        k = R * self.cfg.update_epochs * self.cfg.minibatches
-        c = R * self.n
+    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
         return {
-            "losses/loss": v[6] / k,
-            "losses/pg_loss": v[0] / k,
-            "losses/v_loss": v[1] / k,
-            "losses/entropy": v[2] / k,
-            "losses/approx_kl": v[3] / k,
-            "losses/clipfrac": v[4] / k,
-            "losses/grad_norm": v[5] / k,
-            "losses/value": v[13] / (R * self.cfg.rollout_steps),
-            "charts/lr": v[14] / R,
-            "charts/collect_reward_bps": v[7] / c * 1e4,
-            "charts/collect_turnover": v[8] / c,
-            "charts/episodes": v[9],
-            **{
-                f"charts/collect_{d}": v[10 + i] / c
-                for i, d in enumerate(("short", "flat", "long"))
-            },
+            "losses/loss": v[6] / minibatches,
+            "losses/pg_loss": v[0] / minibatches,
+            "losses/v_loss": v[1] / minibatches,
+            "losses/entropy": v[2] / minibatches,
+            "losses/approx_kl": v[3] / minibatches,
+            "losses/clipfrac": v[4] / minibatches,
+            "losses/grad_norm": v[5] / minibatches,
+            "losses/value": v[13] / (rounds * self.cfg.rollout_steps),
+            "charts/lr": v[14] / rounds,
         }
 
     # ------------------------------------------------------------------ act

@@ -25,15 +25,17 @@ from torch import nn
 
 from foxhunt.train.agents.common import IN_DIM, compiled
 from foxhunt.train.agents.common import need as check
-from foxhunt.train.agents.rollout import OnPolicyAgent, OnPolicyConfig, lambda_returns
+from foxhunt.train.agents.rollout import (
+    COLLECTED,
+    OnPolicyAgent,
+    OnPolicyConfig,
+    lambda_returns,
+)
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import JOINT, EnvConfig, joint_table
 
 N_ACTIONS = len(JOINT)
-STATS = (
-    "loss", "grad_norm", "q_taken", "collect_reward", "collect_trades", "episodes",
-    "collect_short", "collect_flat", "collect_long", "epsilon", "lr",
-)  # fmt: skip
+STATS = ("loss", "grad_norm", "q_taken", *COLLECTED, "epsilon", "lr")
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,8 @@ class PQNAgent(OnPolicyAgent):
     """PQN's state for one task: the Q-network, the exploration rate and the next states'
     values of a rollout (OnPolicyAgent has the rest)."""
 
+    collected_at = STATS.index(COLLECTED[0])
+
     def __init__(self, cfg: PQNConfig, env_cfg: EnvConfig, data: MarketData, seed: int):
         super().__init__(cfg, env_cfg, data, seed, lambda c: QNet(c.hidden), len(STATS))
         cfg, dev = self.cfg, self.device
@@ -129,10 +133,7 @@ class PQNAgent(OnPolicyAgent):
             r, filled, done = roll.step(k, env, a, self.cfg.reward_scale)
             self.next_q[k].copy_(self._q(roll.final_t[k], roll.final_port[k]).max(-1).values)
             s[2] += q.gather(1, j[:, None]).mean()
-            s[3] += r.sum()
-            s[4] += filled.abs().sum()
-            s[5] += done.sum()
-            s[6:9] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
+            self._count(a, r, filled, done)
 
     # ------------------------------------------------------------------ update
     def _loss(self, bar, port, joint, target) -> torch.Tensor:
@@ -154,24 +155,13 @@ class PQNAgent(OnPolicyAgent):
         self.stats[9] += self.eps
         self.stats[10] += self.lr
 
-    def read_stats(self) -> dict[str, float]:
-        v = self.stats.tolist()
-        self.stats.zero_()
-        R = max(self.rounds, 1)
-        k = R * self.cfg.update_epochs * self.cfg.minibatches
-        c = R * self.n
+    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
         return {
-            "losses/loss": v[0] / k,
-            "losses/grad_norm": v[1] / k,
-            "losses/q_taken": v[2] / (R * self.cfg.rollout_steps),
-            "charts/epsilon": v[9] / R,
-            "charts/lr": v[10] / R,
-            "charts/collect_reward_bps": v[3] / c * 1e4,
-            "charts/collect_turnover": v[4] / c,
-            "charts/episodes": v[5],
-            **{
-                f"charts/collect_{d}": v[6 + i] / c for i, d in enumerate(("short", "flat", "long"))
-            },
+            "losses/loss": v[0] / minibatches,
+            "losses/grad_norm": v[1] / minibatches,
+            "losses/q_taken": v[2] / (rounds * self.cfg.rollout_steps),
+            "charts/epsilon": v[9] / rounds,
+            "charts/lr": v[10] / rounds,
         }
 
     def _minibatch(self, idx: torch.Tensor) -> None:

@@ -51,6 +51,11 @@ from foxhunt.train.env import EnvConfig, TradingEnv
 # (GPU, CPU) defaults of PPO's and PQN's sizes left at None: 16,384 envs x 32 steps x 4 rounds
 # (2.1 M env steps an epoch, as the DQN's standard epoch collects 1.6 M) on a GPU.
 ONPOLICY_SIZES = {"envs": (16384, 128), "rollout_steps": (32, 64), "rounds": (4, 8)}
+COLLECTED = (
+    "collect_reward", "collect_trades", "episodes", "collect_short", "collect_flat",
+    "collect_long",
+)  # fmt: skip
+"""The statistics a rollout's steps add up (`OnPolicyAgent._count`), in this order."""
 
 
 @dataclass(frozen=True)
@@ -215,7 +220,8 @@ class OnPolicyAgent(FlatGrad, AgentState):
     subclass (PPO, PQN) adds `u_act` (the uniform draws its actions take, refreshed each
     rollout) and defines `_rollout` (fill `roll`), `_update` (its targets, then each minibatch
     through `_learn_minibatch`), `_minibatch` (one minibatch's loss, gradient and step, with
-    FlatGrad's `_zero_grad` and `_backward`, and `_grad_step`), `read_stats` and `greedy`.
+    FlatGrad's `_zero_grad` and `_backward`, and `_grad_step`), `_read` (its statistics) and
+    `greedy`.
 
     With `compile_mode="aot"` a minibatch's step is compiled ahead of time
     (foxhunt.train.aot): traced once into a package in the compile cache, loaded from there by
@@ -285,6 +291,47 @@ class OnPolicyAgent(FlatGrad, AgentState):
     # ------------------------------------------------------------------ a round
     def _rollout(self) -> None:
         raise NotImplementedError
+
+    collected_at: ClassVar[int]
+    """Where the six statistics of the rollouts' collection (COLLECTED) start in `stats`."""
+
+    def _count(self, a: torch.Tensor, r: torch.Tensor, filled: torch.Tensor,
+               done: torch.Tensor) -> None:  # fmt: skip
+        """A rollout step's share of the collection statistics (`Rollout.step`'s rewards,
+        units filled and episode ends, and the directions of the actions `a`)."""
+        s = self.stats[self.collected_at : self.collected_at + len(COLLECTED)]
+        s[0] += r.sum()
+        s[1] += filled.abs().sum()
+        s[2] += done.sum()
+        s[3:6] += (a[:, :1] == torch.arange(3, device=a.device)).sum(0)
+
+    def read_stats(self) -> dict[str, float]:
+        """The epoch's statistics, read from `stats` (its rounds' sums) and zeroed there: the
+        subclass's losses and charts (`_read`), then the collection's."""
+        v = self.stats.tolist()
+        self.stats.zero_()
+        rounds = max(self.rounds, 1)
+        minibatches = rounds * self.cfg.update_epochs * self.cfg.minibatches
+        return {**self._read(v, rounds, minibatches), **self._collected(v, rounds)}
+
+    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
+        """The subclass's statistics from the sums `v` over the epoch's `rounds` and their
+        `minibatches`."""
+        raise NotImplementedError
+
+    def _collected(self, v: list[float], rounds: int) -> dict[str, float]:
+        """The charts of the collection's sums in `v` over the epoch's `rounds`: the reward in
+        basis points and the units traded a step, episodes ended, and the fraction of steps
+        short, flat and long."""
+        reward, trades, episodes, *sides = v[self.collected_at : self.collected_at + 6]
+        c = rounds * self.n
+        return {
+            "charts/collect_reward_bps": reward / c * 1e4,
+            "charts/collect_turnover": trades / c,
+            "charts/episodes": episodes,
+            **{f"charts/collect_{d}": n / c for d, n in zip(("short", "flat", "long"), sides,
+                                                             strict=True)},
+        }  # fmt: skip
 
     def _update(self) -> None:
         raise NotImplementedError
