@@ -104,11 +104,11 @@ class OnPolicyConfig:
     device_sized: ClassVar[tuple[str, ...]] = ("envs",)
     """Sizes that, left at None on a GPU, foxhunt.train.sizer.agent_sizes fits to free memory."""
 
-    def resolved(self, device: torch.device) -> Self:
-        return resolve(self, device, ONPOLICY_SIZES)
-
     micro_batches_are: ClassVar[str] = "minibatches"
     """What `micro_batches` counts, for the error that refuses sizes it does not divide."""
+
+    def resolved(self, device: torch.device) -> Self:
+        return resolve(self, device, ONPOLICY_SIZES)
 
     @property
     def micro_batches(self) -> int:
