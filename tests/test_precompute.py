@@ -273,12 +273,32 @@ def test_bar_size_is_a_parameter(computed, roll_data, tmp_path):
             parse_bar_size(bad)
 
 
+def test_an_outrights_symbol_gives_its_root_and_contract():
+    """A root, a CME month code, one or two digits of the year: ESH4, MESZ24, 6EM5; a spread
+    or a continuous symbol is not an outright."""
+    from foxhunt.precompute.source import OUTRIGHT, parse_contract
+
+    symbols = ("ESH4", "MESZ24", "6EM5", "ESH4-ESM4", "ES.c.0", "ES.FUT", "ESH")
+    roots = {s: (m.group(1) if (m := OUTRIGHT.fullmatch(s)) else None) for s in symbols}
+    assert roots == {"ESH4": "ES", "MESZ24": "MES", "6EM5": "6E", "ESH4-ESM4": None,
+                     "ES.c.0": None, "ES.FUT": None, "ESH": None}  # fmt: skip
+    c = parse_contract("ES", "ESH4", 2024)
+    assert (c.year, c.month) == (2024, 3)
+    assert parse_contract("ES", "ESZ9", 2024).year == 2029  # the first at or after the data's
+    assert parse_contract("ES", "MESH4", 2024) is None  # another root
+
+
 def test_errors_name_what_is_missing(tmp_path, roll_data):
     with pytest.raises(PrecomputeError, match=r"manifest\.json: not found"):
         run_precompute(PrecomputeConfig(data=tmp_path / "nothing", out=tmp_path / "fx"))
     from foxhunt.precompute.source import SourceError
 
-    with pytest.raises(SourceError, match="no outright contracts of root 'ZN'"):
+    # The data's ES and NQ contracts around the roll, and the roots a user could ask for.
+    with pytest.raises(
+        SourceError,
+        match=r"no outright contracts of root 'ZN' \(symbols present: ESH4, ESM4, NQH4, NQM4; "
+        r"outrights of ES, NQ\)",
+    ):
         run_precompute(PrecomputeConfig(data=roll_data, out=tmp_path / "fx", symbols=("ZN",)))
 
 

@@ -55,6 +55,10 @@ class ContractInfo:
         return (self.year, self.month)
 
 
+OUTRIGHT = re.compile(rf"([A-Z0-9]+?)[{MONTH_CODES}]\d{{1,2}}")
+"""An outright's symbol: its root, a month code, one or two digits of the year (ESH4, ESZ24)."""
+
+
 def parse_contract(root: str, symbol: str, near_year: int) -> ContractInfo | None:
     """ESH4 -> (2024, 3) for data around 2024; None when the symbol is not an outright of root."""
     m = re.fullmatch(rf"{re.escape(root)}([{MONTH_CODES}])(\d{{1,2}})", symbol)
@@ -96,10 +100,12 @@ def root_contracts(data: Path, root: str) -> list[ContractInfo]:
     near = min(dates).year if dates else dt.date.today().year
     found = [c for s in symbols if (c := parse_contract(root, s, near)) is not None]
     if not found:
+        roots = sorted({m.group(1) for s in symbols if (m := OUTRIGHT.fullmatch(s))})
         raise SourceError(
             f"{base}: no outright contracts of root {root!r} (symbols present: "
-            f"{', '.join(sorted(symbols)[:12]) or 'none'})"
-        )
+            f"{', '.join(sorted(symbols)[:12]) or 'none'}"
+            + (f"; outrights of {', '.join(roots)})" if roots else ")")
+        )  # fmt: skip
     return sorted(found, key=lambda c: c.order)
 
 
