@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -46,7 +47,8 @@ def test_synth_then_ingest_smoke(tmp_path):
     assert "wrote 8 DBN files" in _run(*synth).stdout
     assert "nothing to do" in _run(*synth).stdout
     r = _run("ingest", "--raw", str(raw), "--out", str(out))
-    assert "ingested 8 files" in r.stdout
+    said = r"ingested 8 files into .* [\d,]+ records read \(\d+(\.\d+ [kM])? records/s\), "
+    assert re.search(said + r"written definition \d+, mbp-10 [\d,]+, ", r.stdout), r.stdout
     assert json.loads((out / "manifest.json").read_text())["validation"]["records_read"] > 0
     assert "no work" in _run("ingest", "--raw", str(raw), "--out", str(out)).stdout
 

@@ -174,9 +174,11 @@ class IngestResult:
                 + ", ".join(Path(f.path).name for f in cut[:3])
                 + " (manifest.json: validation.truncated)"
             )
+        speed = (f"{rate / 1e6:.2f} M" if rate >= 1e6 else f"{rate / 1e3:.1f} k" if rate >= 1e3
+                 else f"{rate:.0f}")  # fmt: skip
         return (
-            f"ingested {len(self.files)} files ({parts} records) into {self.out} in "
-            f"{self.seconds:.1f} s ({rate / 1e6:.2f} M records/s){q}"
+            f"ingested {len(self.files)} files into {self.out} in {self.seconds:.1f} s: "
+            f"{self.records:,} records read ({speed} records/s), written {parts}{q}"
         )
 
 
