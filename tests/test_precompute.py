@@ -288,6 +288,17 @@ def test_an_outrights_symbol_gives_its_root_and_contract():
     assert parse_contract("ES", "MESH4", 2024) is None  # another root
 
 
+def test_data_without_futures_outrights_is_refused_with_what_it_holds(tmp_path):
+    """Equities (Databento's XNAS sample: NVDA) have no outrights to build a continuous series
+    from; the error says what the data holds and what an outright looks like."""
+    from foxhunt.precompute.source import SourceError, root_contracts
+
+    (tmp_path / "schema=mbp-10" / "symbol=NVDA" / "date=2024-01-02").mkdir(parents=True)
+    said = r"root 'ES' \(symbols present: NVDA, none of them a futures outright: a root, "
+    with pytest.raises(SourceError, match=said + r"a month code and a year, such as ESH4\)"):
+        root_contracts(tmp_path, "ES")
+
+
 def test_errors_name_what_is_missing(tmp_path, roll_data):
     with pytest.raises(PrecomputeError, match=r"manifest\.json: not found"):
         run_precompute(PrecomputeConfig(data=tmp_path / "nothing", out=tmp_path / "fx"))

@@ -101,11 +101,16 @@ def root_contracts(data: Path, root: str) -> list[ContractInfo]:
     found = [c for s in symbols if (c := parse_contract(root, s, near)) is not None]
     if not found:
         roots = sorted({m.group(1) for s in symbols if (m := OUTRIGHT.fullmatch(s))})
+        present = ", ".join(sorted(symbols)[:12]) or "none"
+        if roots:
+            present += f"; outrights of {', '.join(roots)}"
+        elif symbols:
+            present += (
+                ", none of them a futures outright: a root, a month code and a year, such as ESH4"
+            )
         raise SourceError(
-            f"{base}: no outright contracts of root {root!r} (symbols present: "
-            f"{', '.join(sorted(symbols)[:12]) or 'none'}"
-            + (f"; outrights of {', '.join(roots)})" if roots else ")")
-        )  # fmt: skip
+            f"{base}: no outright contracts of root {root!r} (symbols present: {present})"
+        )
     return sorted(found, key=lambda c: c.order)
 
 
