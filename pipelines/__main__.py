@@ -78,6 +78,10 @@ class SubmitError(RuntimeError):
     pass
 
 
+class LocalRunFailed(RuntimeError):
+    """A pipeline run through KFP's local runner ended with a failed task."""
+
+
 # Values a parameter may take where its type alone does not say (the Literal types of FoldSpec
 # and TrainConfig; a test keeps them equal).
 CHOICES = {
@@ -196,12 +200,17 @@ class QuietExecutor:
     --verbose` prints everything."""
 
     NOISE = ("Looking for component", "Loading KFP component", "Wrote executor output file")
+    ERROR = re.compile(r"^\s*(?:\w+\.)*(\w+(?:Error|Exception)): (.*\S)")
+    """A traceback's last line: the exception's class (its module left out) and message."""
 
     def __init__(self) -> None:
         self.in_json = False
+        self.error: str | None = None  # the last exception a task's log ended with
 
     def __call__(self, *args, **kwargs) -> None:
         line = " ".join(map(str, args))
+        if m := self.ERROR.match(line):
+            self.error = f"{m.group(1)}: {m.group(2)}"
         if self.in_json:
             self.in_json = line.rstrip("\n") != "}"  # the dump ends with an unindented brace
             return
@@ -228,8 +237,9 @@ def run_local(name: str, params: dict, verbose: bool = False) -> None:
 
     from pipelines import PIPELINES
 
+    console = QuietExecutor()
     if not verbose:  # the handler prints each task's lines with print(): filter those
-        subprocess_task_handler.print = QuietExecutor()
+        subprocess_task_handler.print = console
 
     os.environ.setdefault("MLFLOW_TRACKING_URI", f"sqlite:///{Path('mlflow.db').resolve()}")
     if commit := git_commit():
@@ -247,8 +257,20 @@ def run_local(name: str, params: dict, verbose: bool = False) -> None:
     if not verbose:  # each task's display name is for the Kubeflow UI; the local runner says so
         warnings.filterwarnings("ignore", message=r".*settings \['display_name'\] have no effect")
     t0 = time.perf_counter()
-    with tasks_tmpdir():
-        PIPELINES[name]("local")(**params)
+    try:
+        with tasks_tmpdir():
+            PIPELINES[name]("local")(**params)
+    except RuntimeError as e:  # kfp.local's report of a failed task, with its colour codes
+        said = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+        if not (
+            m := re.search(r"finished with status FAILURE\. Inner task failed: '([^']+)'", said)
+        ):
+            raise
+        why = console.error or "its log above says why"
+        raise LocalRunFailed(
+            f"{name} failed after {time.perf_counter() - t0:.0f} s, at its task '{m.group(1)}': "
+            f"{why}"
+        ) from None
     print(f"\n{name} ran through KFP's local runner in {time.perf_counter() - t0:.0f} s")
     if name == "train-baseline":
         reports = sorted(
@@ -482,6 +504,9 @@ def main(argv: list[str] | None = None) -> int:
     except SubmitError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except LocalRunFailed as e:
+        print(f"\n{e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -286,6 +287,59 @@ def test_the_local_console_leaves_out_the_executor_json(capsys):
     for line in lines:
         out(line, end="")
     assert capsys.readouterr().out == lines[7]
+
+
+def test_a_failed_local_run_ends_with_the_failed_task_and_its_error(monkeypatch, tmp_path, capsys):
+    """kfp.local ends a run whose task failed with a traceback of its own; run-local ends it
+    instead with one line: the pipeline, the task and the error its log ended with (the log,
+    traceback included, stays above). Exit status 1."""
+    from kfp.local import subprocess_task_handler
+
+    import pipelines
+    import pipelines.__main__ as cli
+
+    def pipeline(platform):
+        def run(**params):
+            say = subprocess_task_handler.print  # what a task's streamed log goes through
+            say("    Traceback (most recent call last):\n", end="")
+            say("    foxhunt.precompute.core.PrecomputeError: data: ES has 1 trading day(s)\n",
+                end="")  # fmt: skip
+            raise RuntimeError("Pipeline \x1b[95m'train-baseline'\x1b[0m finished with status "
+                               "\x1b[91mFAILURE\x1b[0m. Inner task failed: \x1b[96m'precompute'"
+                               "\x1b[0m inside \x1b[96m'exit-handler-1'\x1b[0m.")  # fmt: skip
+
+        return run
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setenv("FOXHUNT_GIT_COMMIT", "")  # run_local sets both: restored after
+    monkeypatch.setattr(subprocess_task_handler, "print", print, raising=False)
+    with monkeypatch.context() as m, pytest.raises(cli.LocalRunFailed) as failed:
+        m.setitem(pipelines.PIPELINES, "train-baseline", pipeline)
+        cli.run_local("train-baseline", {})
+    said = r"train-baseline failed after \d+ s, at its task 'precompute': PrecomputeError: "
+    assert re.fullmatch(said + r"data: ES has 1 trading day\(s\)", str(failed.value))
+
+    # main prints it alone and exits with 1.
+    def fails(*args):
+        raise failed.value
+
+    run_local = cli.run_local
+    monkeypatch.setattr(cli, "run_local", fails)
+    assert main(["run-local", "train-baseline"]) == 1
+    assert capsys.readouterr().err.strip() == str(failed.value)
+
+    # Any other error of kfp.local's is left as it is.
+    def other(platform):
+        def run(**params):
+            raise RuntimeError("other")
+
+        return run
+
+    with monkeypatch.context() as m, pytest.raises(RuntimeError, match="other"):
+        m.setitem(pipelines.PIPELINES, "train-baseline", other)
+        m.setattr(cli, "run_local", run_local)
+        cli.run_local("train-baseline", {})
 
 
 class Recorder(BaseHTTPRequestHandler):
