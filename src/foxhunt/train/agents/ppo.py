@@ -260,15 +260,15 @@ class PPOAgent(OnPolicyAgent):
             self.stats[6] += loss.detach() / A
         self.stats[5] += self._grad_step()
 
-    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
+    def _read(self, v: list[float], rounds: int, steps: int) -> dict[str, float]:
         return {
-            "losses/loss": v[6] / minibatches,
-            "losses/pg_loss": v[0] / minibatches,
-            "losses/v_loss": v[1] / minibatches,
-            "losses/entropy": v[2] / minibatches,
-            "losses/approx_kl": v[3] / minibatches,
-            "losses/clipfrac": v[4] / minibatches,
-            "losses/grad_norm": v[5] / minibatches,
+            "losses/loss": v[6] / steps,
+            "losses/pg_loss": v[0] / steps,
+            "losses/v_loss": v[1] / steps,
+            "losses/entropy": v[2] / steps,
+            "losses/approx_kl": v[3] / steps,
+            "losses/clipfrac": v[4] / steps,
+            "losses/grad_norm": v[5] / steps,
             "losses/value": v[13] / (rounds * self.cfg.rollout_steps),
             "charts/lr": v[14] / rounds,
         }

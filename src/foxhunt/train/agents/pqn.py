@@ -155,10 +155,10 @@ class PQNAgent(OnPolicyAgent):
         self.stats[9] += self.eps
         self.stats[10] += self.lr
 
-    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
+    def _read(self, v: list[float], rounds: int, steps: int) -> dict[str, float]:
         return {
-            "losses/loss": v[0] / minibatches,
-            "losses/grad_norm": v[1] / minibatches,
+            "losses/loss": v[0] / steps,
+            "losses/grad_norm": v[1] / steps,
             "losses/q_taken": v[2] / (rounds * self.cfg.rollout_steps),
             "charts/epsilon": v[9] / rounds,
             "charts/lr": v[10] / rounds,

@@ -311,12 +311,12 @@ class OnPolicyAgent(FlatGrad, AgentState):
         v = self.stats.tolist()
         self.stats.zero_()
         rounds = max(self.rounds, 1)
-        minibatches = rounds * self.cfg.update_epochs * self.cfg.minibatches
-        return {**self._read(v, rounds, minibatches), **self._collected(v, rounds)}
+        steps = rounds * self.cfg.update_epochs * self.cfg.minibatches
+        return {**self._read(v, rounds, steps), **self._collected(v, rounds)}
 
-    def _read(self, v: list[float], rounds: int, minibatches: int) -> dict[str, float]:
+    def _read(self, v: list[float], rounds: int, steps: int) -> dict[str, float]:
         """The subclass's statistics from the sums `v` over the epoch's `rounds` and their
-        `minibatches`."""
+        `steps` (minibatch steps, every pass's over every rollout)."""
         raise NotImplementedError
 
     def _collected(self, v: list[float], rounds: int) -> dict[str, float]:
