@@ -264,7 +264,8 @@ def test_ppo_and_pqn_minibatches_compiled_ahead_of_time_match_eager_and_reload(
 def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: bool = False,
                    epochs: int = 2, steps: int = 8, compile_mode: str = "default"):  # fmt: skip
     """Epochs of a supervised model (`steps` optimiser steps each) at small sizes: statistics
-    per epoch, the final weights and the predictions of a range."""
+    per epoch, the final weights and the predictions of a range after each epoch (captured,
+    the prediction graph and the step's share a memory pool, replayed in turn)."""
     from foxhunt.train.agents.supervised import SupervisedAgent
     from foxhunt.train.models.cfc import CfCConfig
     from foxhunt.train.models.mamba2 import Mamba2Config
@@ -282,14 +283,15 @@ def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: 
     if capture == "graph":
         agent.capture()
     agent.reset_fold(1000, 15000, seed=3)
-    stats = []
+    stats, preds = [], []
     for e in range(epochs):
         agent.begin_epoch(e, epochs)
         agent.collect()
         agent.learn()
         stats.append(agent.read_stats())
-    agent.prepare_eval(15000, 17000)
-    return stats, agent.flat.detach().cpu().clone(), agent.pred[15000:17000].cpu()
+        agent.prepare_eval(15000, 17000)
+        preds.append(agent.pred[15000:17000].cpu())
+    return stats, agent.flat.detach().cpu().clone(), torch.stack(preds)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
