@@ -455,17 +455,22 @@ def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
 H200_BF16_FLOPS = 790e12  # dense bf16 matmul peak as measured (../shared/bench/README.md)
 
 
-def train_flops(agent: SupervisedAgent) -> float:
+def train_flops(agent: SupervisedAgent, rows: int = 64) -> float:
     """FLOPs of one training step of a supervised model (forward and backward, eager), counted
-    by torch's FlopCounterMode; for MFU = FLOPs/s over the bf16 peak."""
+    by torch's FlopCounterMode; for MFU = FLOPs/s over the bf16 peak. Counted over the step's
+    first `rows` windows and scaled to its batch: every operation of these models is a window's
+    own, so the count is linear in the batch (exactly: TLOB, CfC, Mamba-2 and TFT at 64 windows
+    and 8 x 8 on the CPU, 2026-12-06), and an eager step over the whole batch beside the
+    captured graphs' pools ran Mamba-2 at d_model 1,024 and batch 1,024 out of an H100's 80 GB."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    t = agent.batch_t[:rows]
     with FlopCounterMode(display=False) as fc:
-        loss, _ = type(agent)._loss(agent, agent.batch_t)  # the eager loss, not a compiled one
+        loss, _ = type(agent)._loss(agent, t)  # the eager loss, not a compiled one
         loss.backward()
     for p in agent.params:
         p.grad = None
-    return float(fc.get_total_flops())
+    return float(fc.get_total_flops()) * len(agent.batch_t) / len(t)
 
 
 def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture) -> None:
@@ -489,17 +494,19 @@ def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, c
           "env_steps_per_epoch": steps, "samples_per_epoch": samples,
           "env_steps_per_s": steps / r["train_epoch"][0],
           "samples_per_s": samples / r["train_epoch"][0]}  # fmt: skip
+    if dev.type == "cuda":  # training's and evaluation's peak, before the FLOPs are counted
+        r["peak_vram_gb"] = torch.cuda.max_memory_allocated() / 1e9
+        torch.cuda.reset_peak_memory_stats()
     if isinstance(agent, SupervisedAgent):
         full = max(1, agent.samples // agent.cfg.batch_size)  # steps of one pass over the range
         r["full_epoch_s"] = r["train_epoch"][0] / agent.steps_per_epoch() * full
         flops = train_flops(agent)  # per optimiser step, forward and backward
         r["train_flops_per_step"] = flops
         r["mfu_bf16"] = flops * agent.steps_per_epoch() / r["train_epoch"][0] / H200_BF16_FLOPS
-    if dev.type == "cuda":
-        r["peak_vram_gb"] = torch.cuda.max_memory_allocated() / 1e9
-        torch.cuda.reset_peak_memory_stats()
     res[variant] = r
     mfu = f", MFU {r['mfu_bf16']:.1%}" if "mfu_bf16" in r else ""
+    if "peak_vram_gb" in r:
+        mfu += f", peak VRAM {r['peak_vram_gb']:.1f} GB"
     if "full_epoch_s" in r:
         mfu += f", {r['full_epoch_s']:.2f} s a pass over the train range"
     print(
