@@ -539,13 +539,10 @@ def capture_restoring(agent, warmup, blocks: dict[str, object]) -> dict[str, tor
 
 
 def capture_graphs(
-    device: torch.device, warmup, blocks: dict[str, object], generators=(), pool=None
+    device: torch.device, warmup, blocks: dict[str, object], generators=()
 ) -> dict[str, torch.cuda.CUDAGraph]:
     """Run `warmup` on a side stream (allocations and autotuning happen there), then capture each
-    of `blocks` (name -> callable) as a CUDA graph sharing one memory pool, on that stream: a new
-    pool, or `pool` (another graph's `.pool()`) where the caller knows the graphs never run at
-    once. A graph's outputs that live in a shared pool stay valid until another graph of the pool
-    replays (the later graph may have been given memory the earlier one frees).
+    of `blocks` (name -> callable) as a CUDA graph sharing one memory pool, on that stream.
 
     Two things the caller need not know about:
     - The warm-up's cached memory goes back to the device before capturing: while a capture is
@@ -567,7 +564,7 @@ def capture_graphs(
     torch.cuda.current_stream(device).wait_stream(s)
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
-    pool = pool if pool is not None else torch.cuda.graph_pool_handle()
+    pool = torch.cuda.graph_pool_handle()
     graphs = {}
     for name, fn in blocks.items():
         g = torch.cuda.CUDAGraph()

@@ -398,10 +398,10 @@ class SupervisedAgent(FlatGrad, AgentState):
     def _device_batch(self) -> Choice:
         """The batch from the device (foxhunt.train.sizer): a probe is a forward and backward
         pass on random windows, drawn from a generator of its own (the task's random stream
-        stays as it was). The budget leaves room for an evaluation forward over `predict_batch`
-        windows beside the step (TFT's takes ~20 GiB at the GPU defaults, window 128: beside a
-        step sized to the full budget, batch 4096 and ~68 GiB, its graph ran out of the H200's
-        memory when it had a pool of its own; it shares the step's since, a margin kept)."""
+        stays as it was). The budget leaves room for the prediction graph, whose pool holds an
+        evaluation forward over `predict_batch` windows for the task's life (TFT's takes ~20 GiB
+        at the GPU defaults, window 128: beside a step sized to the full budget, batch 4096 and
+        ~68 GiB, it ran out of the H200's memory)."""
         cfg, gen = self.cfg, torch.Generator(self.device).manual_seed(0)
 
         def probe(n: int) -> None:
@@ -569,9 +569,8 @@ class SupervisedAgent(FlatGrad, AgentState):
         """The network's outputs (float32) for the windows ending at bars `t` (at most
         `predict_batch` of them), in evaluation mode (`_evaluating`). With the prediction graph
         (`capture_predict`), a replay over the static piece: the result is a view of its output,
-        valid until the next call or training step. On a GPU a short piece is padded either
-        way, so that eager and captured predictions run the same kernels and agree bit for
-        bit."""
+        valid until the next call. On a GPU a short piece is padded either way, so that eager
+        and captured predictions run the same kernels and agree bit for bit."""
         n, g = len(t), self.graphs.get("predict")
         if g is not None:
             self.predict_t[:n] = t
@@ -647,20 +646,14 @@ class SupervisedAgent(FlatGrad, AgentState):
         over ranges; 1 for the latest bar alone, bench/bench_ensemble.py --piece 1) as a CUDA
         graph, on a static tensor of bar indices. It reads the weights and the normalised data
         in place, so the graph serves every epoch and fold; evaluation changes no state, so
-        nothing is restored. It shares the training step's memory pool: the two never run at
-        once, and each writes its results into tensors that outlive it (the step into the
-        weights, the optimiser and `stats`; a prediction is read before the next step), so
-        the task holds the larger of the two graphs' memory, not both."""
+        nothing is restored."""
         t = self.predict_t = torch.zeros(self.predict_batch, dtype=torch.long, device=self.device)
 
         def forward():
             self.predict_out = self._forward(t)
 
-        step = self.graphs.get("step")
-        pool = step.pool() if step is not None else None
         with self._evaluating():
-            graphs = capture_graphs(self.device, forward, {"predict": forward}, pool=pool)
-        self.graphs.update(graphs)
+            self.graphs.update(capture_graphs(self.device, forward, {"predict": forward}))
 
     # ------------------------------------------------------------------ state
     def _state_tensors(self) -> dict[str, torch.Tensor]:
