@@ -91,7 +91,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from foxhunt.bench.workload import kernel_profile, results_path, standard_market
+from foxhunt.bench.workload import kernel_profile, results_path, standard_market, train_flops
 from foxhunt.train import aot
 from foxhunt.train.agents import AGENTS, c51_triton, common, dqn
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
@@ -453,24 +453,6 @@ def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
 
 
 H200_BF16_FLOPS = 790e12  # dense bf16 matmul peak as measured (../shared/bench/README.md)
-
-
-def train_flops(agent: SupervisedAgent, rows: int = 64) -> float:
-    """FLOPs of one training step of a supervised model (forward and backward, eager), counted
-    by torch's FlopCounterMode; for MFU = FLOPs/s over the bf16 peak. Counted over the step's
-    first `rows` windows and scaled to its batch: every operation of these models is a window's
-    own, so the count is linear in the batch (exactly: TLOB, CfC, Mamba-2 and TFT at 64 windows
-    and 8 x 8 on the CPU, 2026-12-06), and an eager step over the whole batch beside the
-    captured graphs' pools ran Mamba-2 at d_model 1,024 and batch 1,024 out of an H100's 80 GB."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    t = agent.batch_t[:rows]
-    with FlopCounterMode(display=False) as fc:
-        loss, _ = type(agent)._loss(agent, t)  # the eager loss, not a compiled one
-        loss.backward()
-    for p in agent.params:
-        p.grad = None
-    return float(fc.get_total_flops()) * len(agent.batch_t) / len(t)
 
 
 def report(args, res, variant, agent, env_cfg, data, train, val, segments, t0, capture) -> None:

@@ -374,3 +374,31 @@ def test_the_report_shows_the_batch_finder(tmp_path, monkeypatch):
     )
     report["workloads"]["dqn"]["batch_finder"] = {"field": "envs", "error": "envs = 512: failed"}
     assert "| dqn | envs | envs = 512: failed |  |  |" in markdown(report)
+
+
+@pytest.mark.parametrize("model", ["tlob", "cfc", "mamba2", "tft"])
+def test_a_steps_flops_counted_on_a_few_windows_are_the_whole_batchs(model):
+    """The MFU's FLOPs (workload.train_flops) are counted over a step's first windows and
+    scaled to its batch, two micro-batches here: that equals the count over the whole batch,
+    since every operation of the supervised models is a window's own."""
+    import torch
+
+    from foxhunt.bench.workload import standard_market, train_flops
+    from foxhunt.train.agents import AGENTS
+    from foxhunt.train.data import MarketData
+    from foxhunt.train.env import EnvConfig
+
+    feats, ofi, targets = standard_market(4_000)
+    data = MarketData(feats, ofi, targets, torch.device("cpu"))
+    sizes = {"tlob": dict(hidden=16, layers=1), "cfc": dict(units=16, backbone_units=32),
+             "mamba2": dict(d_model=16, headdim=8, d_state=8, chunk=8, layers=1),
+             "tft": dict(hidden=8, heads=2)}[model]  # fmt: skip
+    cls, agent_cls = AGENTS[model].load()
+    cfg = cls(window=16, batch_size=32, accumulate=2, steps=1, **sizes)
+    agent = agent_cls(cfg, EnvConfig(), data, seed=0)
+    agent.reset_fold(100, 3_000, seed=1)
+    agent.batch_t.copy_(torch.randint(100, 3_000, (64,)))
+    whole = train_flops(agent, rows=64)
+    assert whole > 0
+    assert train_flops(agent, rows=8) == whole
+    assert train_flops(agent, rows=5) == whole

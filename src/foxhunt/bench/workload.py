@@ -197,22 +197,27 @@ class Memory:
             self.peaks[phase] = max(self.peaks.get(phase, 0), torch.cuda.max_memory_allocated())
 
 
-def train_flops(agent) -> float | None:
+def train_flops(agent, rows: int = 64) -> float | None:
     """FLOPs of one supervised optimiser step (forward and backward, eager), by torch's
-    FlopCounterMode; None for the agents (their work is not one network's step)."""
+    FlopCounterMode; None for the agents (their work is not one network's step). Counted over
+    the step's first `rows` windows and scaled to its whole batch (all its micro-batches):
+    every operation of the supervised models is a window's own, so the count is linear in the
+    batch (tests/test_bench.py checks it), and an eager step over a whole batch beside the
+    captured graphs' pools can run a wide model out of memory (Mamba-2 at d_model 1,024 and
+    batch 1,024 on an H100's 80 GB, 2026-12-06)."""
     from foxhunt.train.agents.supervised import SupervisedAgent
 
     if not isinstance(agent, SupervisedAgent):
         return None
     from torch.utils.flop_counter import FlopCounterMode
 
+    t = agent.batch_t[:rows]
     with FlopCounterMode(display=False) as fc:
-        for micro in agent.batch_t.view(agent.cfg.accumulate, agent.cfg.batch_size):
-            loss, _ = type(agent)._loss(agent, micro)  # the eager loss, not a compiled one
-            loss.backward()
+        loss, _ = type(agent)._loss(agent, t)  # the eager loss, not a compiled one
+        loss.backward()
     for p in agent.params:
         p.grad = None
-    return float(fc.get_total_flops())
+    return float(fc.get_total_flops()) * len(agent.batch_t) / len(t)
 
 
 def run_workload(spec: dict) -> dict:
