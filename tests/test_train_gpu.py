@@ -264,8 +264,8 @@ def test_ppo_and_pqn_minibatches_compiled_ahead_of_time_match_eager_and_reload(
 def run_supervised(capture: str, model: str, precision: str = "fp32", compile_: bool = False,
                    epochs: int = 2, steps: int = 8, compile_mode: str = "default"):  # fmt: skip
     """Epochs of a supervised model (`steps` optimiser steps each) at small sizes: statistics
-    per epoch, the final weights and the predictions of a range after each epoch (captured,
-    the prediction graph and the step's share a memory pool, replayed in turn)."""
+    per epoch, the final weights and the predictions of a range after each epoch (captured:
+    the prediction graph replayed between the step's replays)."""
     from foxhunt.train.agents.supervised import SupervisedAgent
     from foxhunt.train.models.cfc import CfCConfig
     from foxhunt.train.models.mamba2 import Mamba2Config
