@@ -217,6 +217,8 @@ def main() -> None:
         # frame calls (`-optstep`) or inductor's settings (`-nocombo`). Inductor's cache still
         # serves a variant built before it.
         torch._dynamo.reset()
+        if dev.type == "cuda":  # a row's peak VRAM is its own, whatever ran or failed before
+            torch.cuda.reset_peak_memory_stats()
         try:
             run_variant(args, res, variant, data, env_cfg, train, val, segments, small)
         except Exception as e:  # one failing variant must not hide the others' figures
