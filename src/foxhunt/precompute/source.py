@@ -55,13 +55,15 @@ class ContractInfo:
         return (self.year, self.month)
 
 
-OUTRIGHT = re.compile(rf"([A-Z0-9]+?)[{MONTH_CODES}]\d{{1,2}}")
-"""An outright's symbol: its root, a month code, one or two digits of the year (ESH4, ESZ24)."""
+EXPIRY = rf"([{MONTH_CODES}])(\d{{1,2}})"
+"""An outright's expiry after its root: a month code, one or two digits of the year."""
+OUTRIGHT = re.compile(rf"([A-Z0-9]+?){EXPIRY}")
+"""An outright's symbol of any root (ESH4, ESZ24): the root is group 1."""
 
 
 def parse_contract(root: str, symbol: str, near_year: int) -> ContractInfo | None:
     """ESH4 -> (2024, 3) for data around 2024; None when the symbol is not an outright of root."""
-    m = re.fullmatch(rf"{re.escape(root)}([{MONTH_CODES}])(\d{{1,2}})", symbol)
+    m = re.fullmatch(rf"{re.escape(root)}{EXPIRY}", symbol)
     if not m:
         return None
     month = MONTH_CODES.index(m.group(1)) + 1
