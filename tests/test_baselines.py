@@ -10,14 +10,21 @@ import pytest
 import torch
 
 from foxhunt.train.baselines import (
+    DIRECTIONS,
+    FLAT,
+    NAMES,
     RIDGE_L2,
+    THRESHOLD_QUANTILES,
+    columns,
+    constant_policy,
     evaluate_baselines,
     fit_logistic,
     fit_ridge,
+    scores,
     signal_policy,
 )
 from foxhunt.train.env import EnvConfig
-from foxhunt.train.evaluate import Evaluator
+from foxhunt.train.evaluate import Evaluator, random_policy
 from foxhunt.train.metrics import trading_metrics
 from marketdata import random_market
 
@@ -127,3 +134,46 @@ def test_ridge_memory_reads_the_agents_columns_and_only_where_the_data_holds_the
     want = trading_metrics(*ev.run(signal_policy(torch.tensor(xb @ w, dtype=torch.float32)),
                                    *ranges["test"]), 98_000.0, ev.last_positions)  # fmt: skip
     assert out["ridge_memory"]["test"]["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
+
+
+@pytest.mark.parametrize("segments", [1, 7, 64])
+def test_the_baselines_walked_together_are_each_walked_alone(segments):
+    """Every baseline's val and test metrics, and the cost-aware thresholds chosen, as each
+    policy walked alone gives them (one evaluator run a policy and range, the thresholds tried
+    one by one on val): the same figures, whatever the pieces."""
+    data = random_market(1400)
+    data.use_memory(0.5)
+    env = EnvConfig(fee_bps=0.1, half_spread_bps=0.25)
+    ranges = {"train": (0, 800), "val": (820, 1100), "test": (1120, 1400)}
+    got = evaluate_baselines(Evaluator(env, data, segments), data, ranges, 98_000.0, seed=3)
+
+    ev = Evaluator(env, data, segments)
+    gen = torch.Generator().manual_seed(3 * 7919 + 0)
+
+    def alone(policy, part):
+        r, tr = ev.run(policy, *ranges[part])
+        return trading_metrics(r, tr, 98_000.0, ev.last_positions)
+
+    policies = {
+        "flat": lambda: constant_policy(FLAT),
+        "buy_and_hold": lambda: constant_policy(DIRECTIONS.index(1.0)),
+        "random": lambda: random_policy(gen),
+    }
+    want = {name: {p: alone(make(), p) for p in ("val", "test")} for name, make in policies.items()}
+    t = torch.arange(0, 799)
+    y = data.ret1[:799]
+    fits = {"ridge": scores(data, fit_ridge(columns(data, t), y)),
+            "logistic": scores(data, fit_logistic(columns(data, t), y)),
+            "ridge_memory": scores(data, fit_ridge(columns(data, t, True), y), True)}  # fmt: skip
+    for name, s in fits.items():
+        want[name] = {p: alone(signal_policy(s), p) for p in ("val", "test")}
+        mags = s[820:1100].abs().double()
+        tried = [(float(torch.quantile(mags, q)) if q else 0.0) for q in THRESHOLD_QUANTILES]
+        val = [alone(signal_policy(s, thr), "val") for thr in tried]
+        best = max(range(len(tried)), key=lambda i: (val[i]["sharpe"], -i))  # the first best
+        want[f"{name}_cost"] = {"val": val[best], "test": alone(signal_policy(s, tried[best]),
+                                "test"), "threshold": tried[best]}  # fmt: skip
+    assert list(got) == [n for n in NAMES if n in want] and set(got) == set(want)
+    for name in want:
+        assert got[name] == want[name], name
+    assert len({got[f"{n}_cost"]["threshold"] for n in fits}) > 1

@@ -276,3 +276,55 @@ def test_a_compiled_step_gives_the_sequential_walk():
     r, tr = ev.run(policy, 20, 620, graph=True)
     assert ev.last_passes > 1 and len(calls) > 38  # every step of the passes, compiled
     assert torch.equal(r, r1) and torch.equal(tr, tr1) and torch.equal(ev.last_positions, pos1)
+
+
+def side_by_side(policies, chain: torch.Tensor):
+    """One policy for an evaluator's chains: env k acts as policies[chain[k]]."""
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        a = torch.stack([p(t, portfolio) for p in policies])  # [P, K, 3]
+        return a.gather(0, chain.view(1, -1, 1).expand(1, -1, 3))[0]
+
+    return act
+
+
+@pytest.mark.parametrize("segments", [3, 16, 599])
+def test_chains_side_by_side_each_give_their_own_sequential_walk(segments):
+    """Five policies in one walk (buy and hold, a signal with and without a threshold, the
+    portfolio rule, a clock that never rejoins its path): each chain's returns, trades and
+    positions are its policy's own sequential walk, bit for bit, whatever passes the others
+    need; a pass cap says how much of the least exact chain is exact."""
+    score = torch.tensor(np.random.default_rng(4).normal(size=640), dtype=torch.float32)
+    policies = [buy_and_hold, signal_policy(score), signal_policy(score, 1.5),
+                portfolio_rule(score), clocked(7)]  # fmt: skip
+    ev = Evaluator(COSTS, random_market(640, seed=3), segments, chains=len(policies))
+    r, tr = ev.run(side_by_side(policies, ev.chain), 20, 620)
+    pos = ev.last_positions
+    assert r.shape == tr.shape == pos.shape == (len(policies), 599)
+    for c, p in enumerate(policies):
+        r1, tr1, pos1, _ = walk(p, 1)
+        assert torch.equal(r[c], r1) and torch.equal(tr[c], tr1) and torch.equal(pos[c], pos1), c
+    if segments == 16:
+        assert ev.last_passes == max(walk(p, 16)[3] for p in policies) > 8  # the clock's
+        capped = []
+        for p in policies:
+            one = Evaluator(COSTS, random_market(640, seed=3), 16)
+            one.run(p, 20, 620, max_passes=3)
+            capped.append(one.last_exact)
+        ev.run(side_by_side(policies, ev.chain), 20, 620, max_passes=3)
+        assert ev.last_passes == 3 and ev.last_exact == min(capped) < 1
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_the_next_pass_starts_of_chains_are_each_chain_s_own(seed):
+    """`_carried` over three chains side by side: each chain's starts as the loop over its own
+    pieces gives them, its piece 0 never taking the chain before it's end."""
+    g = torch.Generator().manual_seed(seed)
+    K, L, P = 40, 6, 3
+    live = K - seed
+    states = [pass_states(g, K, L) for _ in range(P)]
+    ev = Evaluator(COSTS, random_market(64, seed=1), K, chains=P)
+    ev.state = torch.cat(states, 2)
+    got = ev._carried(live, L)
+    for c, state in enumerate(states):
+        assert torch.equal(got[:, c * K : (c + 1) * K], carried_by_loop(state, live, L)), c

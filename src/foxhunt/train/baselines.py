@@ -30,7 +30,6 @@ cost-aware threshold, chosen on val as a hyperparameter is.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 
@@ -135,6 +134,28 @@ def scores(data, w: torch.Tensor, memory: bool = False) -> torch.Tensor:
     return (x @ w[:-1] + w[-1]).float()
 
 
+def signals_policy(
+    signals: torch.Tensor, row: torch.Tensor, threshold: torch.Tensor, chain: torch.Tensor
+) -> Policy:
+    """`signal_policy` for an evaluator's chains side by side: env k holds the sign of
+    signals[row[c], t] with threshold[c], c = chain[k]. `signals` [S, N] covers every bar."""
+    n = signals.shape[1]
+    at = row.index_select(0, chain) * n  # each env's signal row, as an offset
+    thr = threshold.index_select(0, chain)
+    flat = signals.reshape(-1)
+
+    def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
+        s = flat.index_select(0, at + t)
+        want = torch.sign(s).long() + FLAT
+        keep = torch.sign(portfolio[:, 0]).long() + FLAT
+        direction = torch.where(s.abs() > thr, want, keep)
+        full = torch.full_like(direction, FULL)
+        return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
+
+    act.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]
+    return act
+
+
 def evaluate_baselines(
     evaluator: Evaluator,
     data,
@@ -143,7 +164,13 @@ def evaluate_baselines(
     seed: int,
 ) -> dict[str, dict[str, dict]]:
     """Every baseline's val and test metrics on one fold: {name: {"val": m, "test": m}}.
-    Fits the data's normaliser on the train range (as the agent does)."""
+    Fits the data's normaliser on the train range (as the agent does).
+
+    The deterministic baselines walk each range together, one chain each (`Evaluator`'s
+    chains, in `evaluator`'s pieces): flat and buy and hold as the signals 0 and 1, each signal
+    at each of the cost-aware thresholds (the first, 0, is the plain signal policy). Each
+    chain's figures are its own walk's; the thresholds' test figures are read only for the
+    one chosen on val. The random policy walks alone, in `evaluator`."""
     lo, hi = ranges["train"]
     data.fit_normaliser(lo, hi)
     t = torch.arange(lo, hi - 1, device=data.device)
@@ -155,32 +182,45 @@ def evaluate_baselines(
         signals["ridge_memory"] = scores(data, fit_ridge(columns(data, t, True), y), True)
     gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
 
-    def run(policy: Policy, part: str) -> dict:
-        r, tr = evaluator.run(policy, *ranges[part])
-        return trading_metrics(r, tr, periods, evaluator.last_positions)
+    def metrics(r: torch.Tensor, tr: torch.Tensor, positions: torch.Tensor) -> dict:
+        return trading_metrics(r, tr, periods, positions)
 
-    def both(make: Callable[[], Policy]) -> dict:
-        return {part: run(make(), part) for part in ("val", "test")}
+    random = {}
+    for part in ("val", "test"):  # val then test, from one generator
+        r, tr = evaluator.run(random_policy(gen), *ranges[part])
+        random[part] = metrics(r, tr, evaluator.last_positions)
 
-    out = {
-        "flat": both(lambda: constant_policy(FLAT)),
-        "buy_and_hold": both(lambda: constant_policy(DIRECTIONS.index(1.0))),
-        "random": both(lambda: random_policy(gen)),
-        **{name: both(lambda s=s: signal_policy(s)) for name, s in signals.items()},
-    }
-    for base, s in signals.items():
-        name = f"{base}_cost"
-        vlo, vhi = ranges["val"]
+    # The chains: (name, signal row, threshold); rows 0 and 1 the constants 0 and 1.
+    vlo, vhi = ranges["val"]
+    chains = [("flat", 0, 0.0), ("buy_and_hold", 1, 0.0)]
+    for i, (base, s) in enumerate(signals.items()):
         mags = s[vlo:vhi].abs().double()
-        best = None
         for q in THRESHOLD_QUANTILES:
-            thr = float(torch.quantile(mags, q)) if q > 0 else 0.0
-            m = run(signal_policy(s, thr), "val")
-            if best is None or m["sharpe"] > best[1]["sharpe"]:
-                best = (thr, m)
-        thr, val = best
-        test = run(signal_policy(s, thr), "test")
-        out[name] = {"val": val, "test": test, "threshold": thr}
+            chains.append((base, 2 + i, float(torch.quantile(mags, q)) if q > 0 else 0.0))
+    rows = torch.stack([torch.zeros_like(ridge), torch.ones_like(ridge), *signals.values()])
+    chained = Evaluator(evaluator.env.cfg, data, evaluator.segments, chains=len(chains))
+    dev = data.device
+    policy = signals_policy(
+        rows,
+        torch.tensor([c[1] for c in chains], device=dev),
+        torch.tensor([c[2] for c in chains], device=dev, dtype=ridge.dtype),
+        chained.chain,
+    )
+    walks = {}
+    for part in ("val", "test"):
+        r, tr = chained.run(policy, *ranges[part])
+        pos = chained.last_positions
+        walks[part] = [metrics(r[c], tr[c], pos[c]) for c in range(len(chains))]
+
+    out = {"random": random}
+    for c, (name, _, thr) in enumerate(chains):
+        if name not in out:  # the constants, and each signal's first chain (threshold 0)
+            out[name] = {part: walks[part][c] for part in ("val", "test")}
+        if name in signals:
+            cost = f"{name}_cost"
+            best = out.get(cost)
+            if best is None or walks["val"][c]["sharpe"] > best["val"]["sharpe"]:
+                out[cost] = {"val": walks["val"][c], "test": walks["test"][c], "threshold": thr}
     return {k: out[k] for k in NAMES if k in out}
 
 

@@ -23,6 +23,11 @@ pieces (which sets the speed alone):
 - A stochastic policy (`deterministic = False` on the function, as random_policy) is run once
   from flat pieces: its draws differ from pass to pass.
 
+Several walks of one range can run side by side (`chains`): env c * segments + i walks piece i
+of chain c, and a policy reads its envs' chains from `chain` (the baselines: every policy and
+threshold in one walk, foxhunt.train.baselines). Each chain's pieces join up as above, its
+piece 0 starting flat; each chain's result is the one its own sequential walk gives.
+
 On a GPU one evaluation step (policy, env step, and writing its row of returns at a device-side
 step counter) can be captured as a CUDA graph and replayed once per step of the pieces. With
 `compile`, that step is also torch.compile'd for policies run with `graph=True` (the caller's
@@ -70,16 +75,19 @@ def default_segments(device: torch.device) -> int:
 class Evaluator:
     def __init__(
         self, env_cfg: EnvConfig, data, segments: int, capture: bool = False,
-        compile: bool | Literal["aot"] = False,
+        compile: bool | Literal["aot"] = False, chains: int = 1,
     ):  # fmt: skip
-        self.data, self.segments, self.capture = data, segments, capture
+        self.data, self.segments, self.capture, self.chains = data, segments, capture, chains
         self._compiled_step = compiled(self._step) if compile is True else None
         self.aot = compile == "aot"
         self._aot: dict[int, Callable[[Policy], None]] = {}  # by policy, for these buffers
-        self.env = TradingEnv(env_cfg, segments, data.close, data.high, data.low, data.ret1)
+        K = segments * chains
+        self.env = TradingEnv(env_cfg, K, data.close, data.high, data.low, data.ret1)
         dev = data.device
         self.k = torch.zeros((), dtype=torch.long, device=dev)  # step counter
-        self.starts = torch.zeros(segments, dtype=torch.long, device=dev)
+        self.starts = torch.zeros(K, dtype=torch.long, device=dev)
+        self.chain = torch.arange(K, device=dev) // segments  # each env's chain
+        self.piece = torch.arange(K, device=dev) % segments  # its piece in the chain
         self.rets = self.trades = None
         # The state after each step (row 0: before the first) as [steps + 1, 3, K]: position,
         # entry price while in a position (0 flat: a flat env's entry is never read), bars held.
@@ -116,7 +124,7 @@ class Evaluator:
 
     def _buffers(self, L: int) -> None:
         if self.rets is None or self.rets.shape[0] < L:
-            K, dev = self.segments, self.data.device
+            K, dev = self.segments * self.chains, self.data.device
             self.rets = torch.zeros(L, K, device=dev)
             self.trades = torch.zeros(L, K, device=dev)
             self.state = torch.zeros(L + 1, 3, K, device=dev)
@@ -133,7 +141,8 @@ class Evaluator:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Per-bar returns and filled trades over steps t = lo .. hi - 2 (each reads bar t+1),
         as one sequential walk from flat at `lo` gives them (see the module docstring); the
-        positions held over them are in `last_positions` after the call.
+        positions held over them are in `last_positions` after the call. With `chains`, each
+        of the three is [chains, bars], a row a chain.
         With `graph` (and `capture` on), the policy's step is captured the first time and
         replayed after: the policy must be graph-safe (device tensors only, no host reads), as
         the greedy policy is.
@@ -144,14 +153,13 @@ class Evaluator:
         n = hi - 1 - lo
         if n < 2:
             raise ValueError(f"range [{lo}, {hi}) is too short to evaluate")
-        K = self.segments
-        L = math.ceil(n / K)
+        S, P = self.segments, self.chains
+        L = math.ceil(n / S)
         live = math.ceil(n / L)  # pieces that hold bars of the range; the rest repeat its end
         self._buffers(L)
         env = self.env
         env.set_range(lo, hi)
-        dev = self.data.device
-        self.starts.copy_((lo + torch.arange(K, device=dev) * L).clamp(max=hi - 2))
+        self.starts.copy_((lo + self.piece * L).clamp(max=hi - 2))
         env.episode_bars.fill_(L + 1)  # pieces end by their length, never by the clock
         key = id(policy)
         step = self._compiled_step if graph and self._compiled_step is not None else self._step
@@ -175,13 +183,15 @@ class Evaluator:
         self.last_passes, self.last_exact = 1, 1.0
         exact = getattr(policy, "deterministic", True)
         while exact and live > 1:
-            begin, end = self.state[0], self.state[L]
-            if torch.equal(begin[:, 1:live], end[:, : live - 1]):
+            begin, end = self.state[0].view(3, P, S), self.state[L].view(3, P, S)
+            if torch.equal(begin[..., 1:live], end[..., : live - 1]):
                 break
             if max_passes is not None and self.last_passes >= max_passes:
-                joined = (begin[:, 1:live] == end[:, : live - 1]).all(0).tolist()
-                pieces = 1 + (joined.index(False) if False in joined else len(joined))
-                self.last_exact = min(pieces * L, n) / n
+                exact_bars = []
+                for joined in (begin[..., 1:live] == end[..., : live - 1]).all(0).tolist():
+                    pieces = 1 + (joined.index(False) if False in joined else len(joined))
+                    exact_bars.append(min(pieces * L, n))
+                self.last_exact = min(exact_bars) / n
                 break
             carried = self._carried(live, L)
             old = self.state.clone()
@@ -195,8 +205,13 @@ class Evaluator:
                     break  # every piece is back on its old path: the rest of the rows stand
             self.last_passes += 1
         pos0 = self.state[0, 0]
-        self.last_positions = (pos0 + self.trades[:L].cumsum(0)).T.reshape(-1)[:n]
-        return self.rets[:L].T.reshape(-1)[:n], self.trades[:L].T.reshape(-1)[:n]
+
+        def bars(x: torch.Tensor) -> torch.Tensor:  # [L, K] -> [chains, bars] in time order
+            out = x.view(L, P, S).permute(1, 2, 0).reshape(P, S * L)[:, :n]
+            return out[0] if P == 1 else out
+
+        self.last_positions = bars(pos0 + self.trades[:L].cumsum(0))
+        return bars(self.rets[:L]), bars(self.trades[:L])
 
     def _aot_step(self, policy: Policy) -> Callable[[Policy], None]:
         """`_step` for `policy` compiled ahead of time, where the policy is a method of an
@@ -207,7 +222,9 @@ class Evaluator:
             return self._step
         if id(policy) not in self._aot:
             read = getattr(policy, "portfolio_read", PORTFOLIO)
-            settings = repr((getattr(owner, "cfg", None), self.env.cfg, self.segments, read))
+            settings = repr(
+                (getattr(owner, "cfg", None), self.env.cfg, self.segments, self.chains, read)
+            )
             name = f"eval-{type(owner).__name__}.{policy.__name__}"
             # The trace runs a step: `run` starts every range from `_begin` after it.
             one = aot.Step([self, owner], name, lambda: self._step(policy), (), settings,
@@ -231,26 +248,28 @@ class Evaluator:
         carry: the index of that piece by a running maximum) and adds the bars each piece held
         since (a difference of running sums: bars held are whole numbers, exact in float32).
         Where the start is the one this pass used, passing it on gives the predecessor's end
-        (the entry stayed, the bars held counted on), as the loop this replaces did."""
-        used, end = self.state[0], self.state[L]  # [3, K]
+        (the entry stayed, the bars held counted on), as the loop this replaces did.
+        Chains side by side are segmented alike, each from its own piece 0."""
+        P, S = self.chains, self.segments
+        used, end = self.state[0].view(3, P, S), self.state[L].view(3, P, S)
         # This run's rows alone: past row L the buffer holds a longer range's earlier walk.
-        side = torch.sign(self.state[: L + 1, 0, :live])
-        held = (side == side[0]).all(0) & (side[0] != 0)  # [live]
+        side = torch.sign(self.state[: L + 1, 0].view(L + 1, P, S)[..., :live])
+        held = (side == side[0]).all(0) & (side[0] != 0)  # [P, live]
         start = used.clone()
         if live < 2:
-            return start
-        pos = torch.cat([used[0, :1], end[0, : live - 1]])  # the next pass's start positions
-        carry = held[:-1] & (torch.sign(pos[:-1]) == side[0, :-1])  # piece k - 1 passes on
-        k = torch.arange(live, device=used.device)
-        took = torch.cat([torch.ones(1, dtype=torch.bool, device=used.device), ~carry])
-        last = torch.cummax(torch.where(took, k, torch.zeros_like(k)), 0).values
-        base = torch.cat([used[:, :1], end[:, : live - 1]], 1)  # a start that took its own
-        more = torch.cumsum(end[2, : live - 1] - used[2, : live - 1], 0)  # bars held, running
-        bars = torch.cat([used.new_zeros(1), more])
-        start[0, :live] = pos
-        start[1, :live] = base[1].index_select(0, last)
-        start[2, :live] = base[2].index_select(0, last) + bars - bars.index_select(0, last)
-        return start
+            return start.view(3, P * S)
+        pos = torch.cat([used[0, :, :1], end[0, :, : live - 1]], -1)  # the next pass's starts
+        carry = held[:, :-1] & (torch.sign(pos[:, :-1]) == side[0, :, :-1])  # k - 1 passes on
+        k = torch.arange(live, device=used.device).expand(P, live)
+        took = torch.cat([torch.ones_like(carry[:, :1]), ~carry], -1)
+        last = torch.cummax(torch.where(took, k, torch.zeros_like(k)), -1).values
+        base = torch.cat([used[..., :1], end[..., : live - 1]], -1)  # a start that took its own
+        more = torch.cumsum(end[2, :, : live - 1] - used[2, :, : live - 1], -1)  # bars held
+        bars = torch.cat([used.new_zeros(P, 1), more], -1)
+        start[0, :, :live] = pos
+        start[1, :, :live] = base[1].gather(-1, last)
+        start[2, :, :live] = base[2].gather(-1, last) + bars - bars.gather(-1, last)
+        return start.view(3, P * S)
 
     def _begin(self, policy: Policy, state: torch.Tensor | None) -> None:
         """Every piece at its first bar, flat (None) or in `state` [3, K] (see `_key`; a column
