@@ -11,6 +11,13 @@ Prints policy, pieces, median ms an evaluation (of 7), passes, and whether the r
 the first piece count's. `--compile` adds the DQN's rows with the evaluation's step compiled
 (Evaluator(compile=True), `foxhunt train --compile-eval`), whose returns are compared with the
 uncompiled first row's.
+
+    python3 bench/bench_eval.py --baselines     a fold's baselines (foxhunt.train.baselines:
+                                                fits, val and test of every policy, the
+                                                thresholds chosen on val), the memory on
+
+Prints pieces, median seconds a fold (of 3) and whether every deterministic baseline's
+figures equal the first piece count's.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.workload import STANDARD_DQN, standard_market
 from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
-from foxhunt.train.baselines import signal_policy
+from foxhunt.train.baselines import evaluate_baselines, signal_policy
 from foxhunt.train.data import MarketData
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator
@@ -41,6 +48,7 @@ def main() -> None:
     ap.add_argument("--cpu-smoke", action="store_true")
     ap.add_argument("--pieces", default=None, help="comma-separated piece counts")
     ap.add_argument("--compile", action="store_true", help="also the DQN's step compiled")
+    ap.add_argument("--baselines", action="store_true", help="a fold's baselines instead")
     args = ap.parse_args()
     smoke = args.cpu_smoke
     dev = torch.device("cpu" if smoke else "cuda")
@@ -49,6 +57,10 @@ def main() -> None:
     data = MarketData(feats, ofi, ohlc, dev)
     train = (0, int(n * 0.6))
     val = (train[1], train[1] + n * 29 // 200)
+    if args.baselines:
+        test = (val[1], val[1] + n * 29 // 200)
+        baselines(data, {"train": train, "val": val, "test": test}, args.pieces, smoke)
+        return
     cfg = DQNConfig(capture="eager", compile=False, **STANDARD_DQN, **(TINY if smoke else {}))
     agent = RainbowAgent(cfg, EnvConfig(), data, 0)
     agent.reset_fold(*train, seed=1)
@@ -90,6 +102,27 @@ def main() -> None:
             same = torch.equal(r, firsts.setdefault(same_as, r))
             print(f"{name:8s} {k:7d} {statistics.median(times) * 1e3:8.1f} {ev.last_passes:6d}  "
                   f"{same}", flush=True)  # fmt: skip
+
+
+def baselines(data: MarketData, ranges: dict, pieces: str | None, smoke: bool) -> None:
+    """A fold's baselines at each piece count: median seconds of 3, the same figures?"""
+    data.use_memory(0.5)  # as an agent's task has it (EnvConfig's memory_decay)
+    counts = [int(k) for k in (pieces or ("16,64,256" if smoke else "1024,4096")).split(",")]
+    print(f"{ranges['val'][1] - ranges['val'][0]} val and test bars on {data.device}")
+    print(f"{'pieces':>7s} {'s a fold':>9s}  same figures")
+    first = None
+    for k in counts:
+        ev = Evaluator(EnvConfig(), data, k)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            out = evaluate_baselines(ev, data, ranges, 98_280.0, seed=0)  # 1-min bars' year
+            if data.device.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        figures = {name: b for name, b in out.items() if name != "random"}
+        first = first or figures
+        print(f"{k:7d} {statistics.median(times):9.3f}  {figures == first}", flush=True)
 
 
 if __name__ == "__main__":

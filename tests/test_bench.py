@@ -215,6 +215,22 @@ def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
     assert len(rows) == 6 and all(r[-1] == "True" and int(r[3]) >= 1 for r in rows), out.stdout
 
 
+def test_bench_eval_baselines_cpu_smoke_gives_the_same_figures_at_every_piece_count():
+    """bench/bench_eval.py --baselines on the CPU: a fold's baselines timed at each piece count,
+    every deterministic baseline's figures those of the first count."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "bench/bench_eval.py", "--cpu-smoke", "--baselines"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1], timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr[-2000:]
+    rows = [ln.split() for ln in out.stdout.splitlines() if ln[:7].strip().isdigit()]
+    assert [int(r[0]) for r in rows] == [16, 64, 256], out.stdout
+    assert all(float(r[1]) > 0 and r[2] == "True" for r in rows), out.stdout
+
+
 def test_bench_learning_baselines_alone_with_and_without_the_memory(demo_es, tmp_path):
     """bench/bench_learning.py --models none on the demo folds: the baselines' table with the
     memory ridges beside the others (the agents' default), and without them when the memory is
