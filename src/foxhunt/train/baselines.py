@@ -55,17 +55,24 @@ def constant_policy(direction: int) -> Policy:
     return act
 
 
+def hold_sign(
+    s: torch.Tensor, threshold: float | torch.Tensor, portfolio: torch.Tensor
+) -> torch.Tensor:
+    """Branch actions that move to sign(s) at full size by market orders where |s| exceeds the
+    threshold, and keep the current position's side otherwise."""
+    want = torch.sign(s).long() + FLAT  # 0 short, 1 flat, 2 long
+    keep = torch.sign(portfolio[:, 0]).long() + FLAT
+    direction = torch.where(s.abs() > threshold, want, keep)
+    full = torch.full_like(direction, FULL)
+    return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
+
+
 def signal_policy(score: torch.Tensor, threshold: float = 0.0) -> Policy:
     """Hold sign(score[t]) at full size; with a threshold, trade only when |score[t]| exceeds
     it and keep the current position otherwise. `score` [N] covers every bar of the data."""
 
     def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        s = score.index_select(0, t)
-        want = torch.sign(s).long() + FLAT  # 0 short, 1 flat, 2 long
-        keep = torch.sign(portfolio[:, 0]).long() + FLAT
-        direction = torch.where(s.abs() > threshold, want, keep)
-        full = torch.full_like(direction, FULL)
-        return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
+        return hold_sign(score.index_select(0, t), threshold, portfolio)
 
     act.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]
     return act
@@ -145,12 +152,7 @@ def signals_policy(
     flat = signals.reshape(-1)
 
     def act(t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
-        s = flat.index_select(0, at + t)
-        want = torch.sign(s).long() + FLAT
-        keep = torch.sign(portfolio[:, 0]).long() + FLAT
-        direction = torch.where(s.abs() > thr, want, keep)
-        full = torch.full_like(direction, FULL)
-        return torch.stack([direction, full, torch.full_like(direction, MARKET)], 1)
+        return hold_sign(flat.index_select(0, at + t), thr, portfolio)
 
     act.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]
     return act
