@@ -136,19 +136,22 @@ def test_ridge_memory_reads_the_agents_columns_and_only_where_the_data_holds_the
     assert out["ridge_memory"]["test"]["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
 
 
-@pytest.mark.parametrize("segments", [1, 7, 64])
-def test_the_baselines_walked_together_are_each_walked_alone(segments):
+@pytest.mark.parametrize(
+    "segments, device",
+    [(1, "cpu"), (7, "cpu"), (64, "cpu"), pytest.param(64, "cuda", marks=pytest.mark.gpu)],
+)
+def test_the_baselines_walked_together_are_each_walked_alone(segments, device):
     """Every baseline's val and test metrics, and the cost-aware thresholds chosen, as each
     policy walked alone gives them (one evaluator run a policy and range, the thresholds tried
-    one by one on val): the same figures, whatever the pieces."""
-    data = random_market(1400)
+    one by one on val): the same figures, whatever the pieces, on the CPU and on a GPU."""
+    data = random_market(1400, device=device)
     data.use_memory(0.5)
     env = EnvConfig(fee_bps=0.1, half_spread_bps=0.25)
     ranges = {"train": (0, 800), "val": (820, 1100), "test": (1120, 1400)}
     got = evaluate_baselines(Evaluator(env, data, segments), data, ranges, 98_000.0, seed=3)
 
     ev = Evaluator(env, data, segments)
-    gen = torch.Generator().manual_seed(3 * 7919 + 0)
+    gen = torch.Generator(device=device).manual_seed(3 * 7919 + 0)
 
     def alone(policy, part):
         r, tr = ev.run(policy, *ranges[part])
@@ -160,7 +163,7 @@ def test_the_baselines_walked_together_are_each_walked_alone(segments):
         "random": lambda: random_policy(gen),
     }
     want = {name: {p: alone(make(), p) for p in ("val", "test")} for name, make in policies.items()}
-    t = torch.arange(0, 799)
+    t = torch.arange(0, 799, device=device)
     y = data.ret1[:799]
     fits = {"ridge": scores(data, fit_ridge(columns(data, t), y)),
             "logistic": scores(data, fit_logistic(columns(data, t), y)),
