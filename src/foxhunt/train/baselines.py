@@ -171,8 +171,9 @@ def evaluate_baselines(
     The deterministic baselines walk each range together, one chain each (`Evaluator`'s
     chains, in `evaluator`'s pieces): flat and buy and hold as the signals 0 and 1, each signal
     at each of the cost-aware thresholds (the first, 0, is the plain signal policy). Each
-    chain's figures are its own walk's; the thresholds' test figures are read only for the
-    one chosen on val. The random policy walks alone, in `evaluator`."""
+    chain's figures are its own walk's; on test, only the chains reported are read (the
+    plain policies and each signal's threshold chosen on val). The random policy walks alone,
+    in `evaluator`."""
     lo, hi = ranges["train"]
     data.fit_normaliser(lo, hi)
     t = torch.arange(lo, hi - 1, device=data.device)
@@ -184,13 +185,10 @@ def evaluate_baselines(
         signals["ridge_memory"] = scores(data, fit_ridge(columns(data, t, True), y), True)
     gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
 
-    def metrics(r: torch.Tensor, tr: torch.Tensor, positions: torch.Tensor) -> dict:
-        return trading_metrics(r, tr, periods, positions)
-
-    random = {}
+    out = {"random": {}}
     for part in ("val", "test"):  # val then test, from one generator
         r, tr = evaluator.run(random_policy(gen), *ranges[part])
-        random[part] = metrics(r, tr, evaluator.last_positions)
+        out["random"][part] = trading_metrics(r, tr, periods, evaluator.last_positions)
 
     # The chains: (name, signal row, threshold); rows 0 and 1 the constants 0 and 1.
     vlo, vhi = ranges["val"]
@@ -208,21 +206,26 @@ def evaluate_baselines(
         torch.tensor([c[2] for c in chains], device=dev, dtype=ridge.dtype),
         chained.chain,
     )
-    walks = {}
-    for part in ("val", "test"):
+
+    def walk(part: str, read: list[int]) -> dict[int, dict]:
+        """The metrics of chains `read` over the range `part`, all chains walked at once."""
         r, tr = chained.run(policy, *ranges[part])
         pos = chained.last_positions
-        walks[part] = [metrics(r[c], tr[c], pos[c]) for c in range(len(chains))]
+        return {c: trading_metrics(r[c], tr[c], periods, pos[c]) for c in read}
 
-    out = {"random": random}
-    for c, (name, _, thr) in enumerate(chains):
-        if name not in out:  # the constants, and each signal's first chain (threshold 0)
-            out[name] = {part: walks[part][c] for part in ("val", "test")}
-        if name in signals:
-            cost = f"{name}_cost"
-            best = out.get(cost)
-            if best is None or walks["val"][c]["sharpe"] > best["val"]["sharpe"]:
-                out[cost] = {"val": walks["val"][c], "test": walks["test"][c], "threshold": thr}
+    # Val: every chain (the thresholds are chosen on it); test: what is reported alone.
+    val = walk("val", list(range(len(chains))))
+    first = {}  # the constants, and each signal's first chain (threshold 0: the plain policy)
+    best = {}  # each signal's chain of the best val Sharpe, the first of equals
+    for c, (name, _, _) in enumerate(chains):
+        first.setdefault(name, c)
+        if name in signals and (name not in best or val[c]["sharpe"] > val[best[name]]["sharpe"]):
+            best[name] = c
+    test = walk("test", sorted({*first.values(), *best.values()}))
+    for name, c in first.items():
+        out[name] = {"val": val[c], "test": test[c]}
+    for name, c in best.items():
+        out[f"{name}_cost"] = {"val": val[c], "test": test[c], "threshold": chains[c][2]}
     return {k: out[k] for k in NAMES if k in out}
 
 
