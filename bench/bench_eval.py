@@ -16,8 +16,9 @@ uncompiled first row's.
                                                 fits, val and test of every policy, the
                                                 thresholds chosen on val), the memory on
 
-Prints pieces, median seconds a fold (of 3) and whether every deterministic baseline's
-figures equal the first piece count's.
+Prints pieces, median seconds a fold (of 3), whether the 3 runs gave the same figures, and
+whether every deterministic baseline's figures equal the first piece count's, naming each that
+differs.
 """
 
 from __future__ import annotations
@@ -105,24 +106,44 @@ def main() -> None:
 
 
 def baselines(data: MarketData, ranges: dict, pieces: str | None, smoke: bool) -> None:
-    """A fold's baselines at each piece count: median seconds of 3, the same figures?"""
+    """A fold's baselines at each piece count: median seconds of 3; whether the 3 runs gave
+    the same figures, and whether those are the first piece count's (any that differ named)."""
     data.use_memory(0.5)  # as an agent's task has it (EnvConfig's memory_decay)
     counts = [int(k) for k in (pieces or ("16,64,256" if smoke else "1024,4096")).split(",")]
     print(f"{ranges['val'][1] - ranges['val'][0]} val and test bars on {data.device}")
-    print(f"{'pieces':>7s} {'s a fold':>9s}  same figures")
+    print(f"{'pieces':>7s} {'s a fold':>9s}  {'repeatable':10s}  same figures")
     first = None
     for k in counts:
         ev = Evaluator(EnvConfig(), data, k)
-        times = []
+        times, runs = [], []
         for _ in range(3):
             t0 = time.perf_counter()
             out = evaluate_baselines(ev, data, ranges, 98_280.0, seed=0)  # 1-min bars' year
             if data.device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - t0)
-        figures = {name: b for name, b in out.items() if name != "random"}
+            runs.append({name: b for name, b in out.items() if name != "random"})
+        figures = runs[0]
         first = first or figures
-        print(f"{k:7d} {statistics.median(times):9.3f}  {figures == first}", flush=True)
+        repeatable = all(r == figures for r in runs[1:])
+        print(f"{k:7d} {statistics.median(times):9.3f}  {repeatable!s:10s}  "
+              f"{figures == first}", flush=True)  # fmt: skip
+        for where in differences(first, figures):
+            print(f"        {where}")
+
+
+def differences(a: dict, b: dict) -> list[str]:
+    """'name.part.metric: a against b' for each figure of two baseline results that differs."""
+    out = []
+    for name, parts in a.items():
+        for part, m in parts.items():
+            o = b[name][part]
+            if isinstance(m, dict):
+                out += [f"{name}.{part}.{f}: {v!r} against {o.get(f)!r}"
+                        for f, v in m.items() if o.get(f) != v]  # fmt: skip
+            elif m != o:  # the threshold chosen on val
+                out.append(f"{name}.{part}: {m!r} against {o!r}")
+    return out
 
 
 if __name__ == "__main__":

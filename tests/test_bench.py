@@ -217,7 +217,8 @@ def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
 
 def test_bench_eval_baselines_cpu_smoke_gives_the_same_figures_at_every_piece_count():
     """bench/bench_eval.py --baselines on the CPU: a fold's baselines timed at each piece count,
-    every deterministic baseline's figures those of the first count."""
+    every deterministic baseline's figures the same in each of the 3 runs and those of the first
+    count."""
     import subprocess
     import sys
 
@@ -228,7 +229,24 @@ def test_bench_eval_baselines_cpu_smoke_gives_the_same_figures_at_every_piece_co
     assert out.returncode == 0, out.stdout + out.stderr[-2000:]
     rows = [ln.split() for ln in out.stdout.splitlines() if ln[:7].strip().isdigit()]
     assert [int(r[0]) for r in rows] == [16, 64, 256], out.stdout
-    assert all(float(r[1]) > 0 and r[2] == "True" for r in rows), out.stdout
+    assert all(float(r[1]) > 0 and r[2:] == ["True", "True"] for r in rows), out.stdout
+
+
+def test_bench_eval_names_the_baseline_figures_that_differ():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "bench_eval.py"
+    spec = importlib.util.spec_from_file_location("bench_eval", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    a = {"flat": {"val": {"sharpe": 0.0}, "test": {"sharpe": 0.0}},
+         "ridge_cost": {"val": {"sharpe": 1.5, "turnover": 0.25}, "test": {"sharpe": 1.0},
+                        "threshold": 0.5}}  # fmt: skip
+    b = {"flat": a["flat"], "ridge_cost": {**a["ridge_cost"], "threshold": 0.75,
+                                           "val": {"sharpe": 1.5, "turnover": 0.5}}}  # fmt: skip
+    assert mod.differences(a, a) == []
+    assert mod.differences(a, b) == ["ridge_cost.val.turnover: 0.25 against 0.5",
+                                     "ridge_cost.threshold: 0.5 against 0.75"]  # fmt: skip
 
 
 def test_bench_learning_baselines_alone_with_and_without_the_memory(demo_es, tmp_path):
