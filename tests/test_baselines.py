@@ -180,3 +180,24 @@ def test_the_baselines_walked_together_are_each_walked_alone(segments, device):
     for name in want:
         assert got[name] == want[name], name
     assert len({got[f"{n}_cost"]["threshold"] for n in fits}) > 1
+
+
+@pytest.mark.parametrize(
+    "device, bars, pieces",
+    [("cpu", 6000, (16, 64)), pytest.param("cuda", 400_000, (1024, 4096), marks=pytest.mark.gpu)],
+)
+def test_the_baselines_figures_are_the_same_whatever_the_pieces_and_the_run(device, bars, pieces):
+    """A fold's deterministic baselines at two piece counts, and twice at the first: the same
+    figures each time (the random policy's draws depend on the pieces and are left out)."""
+    data = random_market(bars, device=device)
+    data.use_memory(0.5)
+    cut = [int(bars * f) for f in (0.6, 0.8)]
+    ranges = {"train": (0, cut[0]), "val": (cut[0], cut[1]), "test": (cut[1], bars)}
+
+    def figures(k: int) -> dict:
+        out = evaluate_baselines(Evaluator(EnvConfig(), data, k), data, ranges, 98_000.0, seed=0)
+        return {name: b for name, b in out.items() if name != "random"}
+
+    first = figures(pieces[0])
+    assert figures(pieces[0]) == first
+    assert figures(pieces[1]) == first
