@@ -50,10 +50,12 @@ subkernels, without `dqn.AOT_COMBO_SETTINGS`), `-pwonly`, `-benchcombo` (inducto
 graphs),
 `-nomemory` (the observation without the memory of the order flow, `EnvConfig.memory_decay`
 None: the state of the anchor's definition), `-floor` (the learning step cut down to its
-network work: the online network's forward and backward on a fixed batch of states, the
-target's and the online network's forwards on the next states, clipping, Adam and the target
-update; no replay, no n-step return, no C51 loss; the collection as usual: what an epoch would
-take if everything but the network cost nothing).
+network work: the online network's forward, its taken actions' logits read in place, and its
+backward on a fixed batch of states and actions, the target's and the online network's
+forwards on the next states up to their dueling streams, clipping, Adam and the target update;
+no replay, no n-step return, no C51 target or loss, and no pass over the full outputs that
+the real step does not make; the collection as usual: what an epoch would take if everything
+but the network cost nothing).
 
 Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
@@ -421,20 +423,26 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
 
 def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
     """The `-floor` variant's learning step: the network's share of a real one (see the module
-    docstring), over one fixed batch of states drawn from the train range."""
+    docstring), over one fixed batch of states and taken actions drawn from the train range.
+    It reads the networks' outputs as the real step does: the online network's taken-action
+    logits in place (its backward writes one action's gradient) and the next states' dueling
+    streams (`parts`), of which the stand-in loss reads a column, so that it adds no pass over
+    the full [batch, actions, atoms] outputs that the real step never forms."""
     from foxhunt.train.agents.common import compiled
 
     cfg, B = agent.cfg, agent.cfg.batch_size
     g = torch.Generator(agent.device).manual_seed(0)
     t = torch.randint(train[0], train[1] - 2, (B,), device=agent.device, generator=g)
+    act = torch.randint(0, agent.net.n_act, (B, 1), device=agent.device, generator=g)
     flat, one = torch.zeros(B, device=agent.device), torch.ones(B, device=agent.device)
     s, s2 = (agent.state(x, agent.env.portfolio_of(x, flat, one, flat)) for x in (t, t + 1))
 
-    def loss_of(s, s2):
+    def loss_of(s, s2, act):
         with agent._autocast():
-            out = agent.net(s, None)
+            out = agent.net(s, None, act=act)  # [B, 1, atoms]
             with torch.no_grad():
-                nxt = agent.target(s2, None).float().mean() + agent.net(s2, None).float().mean()
+                streams = [*agent.target(s2, None, parts=True), *agent.net(s2, None, parts=True)]
+                nxt = sum(x[:, 0, 0].float().mean() for x in streams)
         # the next-state outputs feed the loss as a constant, so they are not optimised away
         return out.float().square().mean() + nxt
 
@@ -442,7 +450,7 @@ def network_only_step(agent: RainbowAgent, train: tuple[int, int]):
     update = compiled(agent._update) if cfg.compile else agent._update
 
     def step() -> None:
-        loss = loss_fn(s, s2)
+        loss = loss_fn(s, s2, act)
         for p in agent.params:
             p.grad = None
         loss.backward()

@@ -180,14 +180,16 @@ def test_one_mlflow_run_per_workload(tmp_path, monkeypatch):
 
 
 def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
-    """bench/bench_train.py (the H200 figures of docs/performance.md) on the CPU: a DQN, PPO,
-    PQN and a supervised variant with its evaluation piece each give their row; a variant that
-    fails prints FAILED and leaves no row. $OUT need not exist: the script makes it."""
+    """bench/bench_train.py (the H200 figures of docs/performance.md) on the CPU: a DQN, its
+    network-only floor, PPO, PQN and a supervised variant with its evaluation piece each give
+    their row; a variant that fails prints FAILED and leaves no row. $OUT need not exist: the
+    script makes it."""
     import os
     import subprocess
     import sys
 
-    variants = ["eager-fp32", "ppo-eager-fp32", "pqn-eager-fp32", "tlob-eager-fp32-p64"]
+    variants = ["eager-fp32", "eager-fp32-floor", "ppo-eager-fp32", "pqn-eager-fp32",
+                "tlob-eager-fp32-p64"]  # fmt: skip
     out = subprocess.run(
         [sys.executable, "bench/bench_train.py", "--cpu-smoke", "--epochs", "2",
          "--variants", ",".join(variants)],
