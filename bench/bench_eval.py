@@ -128,8 +128,11 @@ def baselines(data: MarketData, ranges: dict, pieces: str | None, smoke: bool) -
         repeatable = all(r == figures for r in runs[1:])
         print(f"{k:7d} {statistics.median(times):9.3f}  {repeatable!s:10s}  "
               f"{figures == first}", flush=True)  # fmt: skip
+        for n, run in enumerate(runs[1:], 2):
+            for where in differences(figures, run):
+                print(f"        run {n} against run 1: {where}")
         for where in differences(first, figures):
-            print(f"        {where}")
+            print(f"        against {counts[0]} pieces: {where}")
 
 
 def differences(a: dict, b: dict) -> list[str]:
