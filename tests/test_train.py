@@ -268,6 +268,34 @@ def test_seeds_side_by_side_train_as_their_own_tasks(demo_es, tmp_path):
     assert metrics_of(both[0]) != metrics_of(both[1])
 
 
+def test_seeds_side_by_side_walk_a_fold_s_deterministic_baselines_once(
+    demo_es, tmp_path, monkeypatch
+):
+    """--seeds 0 1 with the baselines on: each seed's baselines are those of its own task (the
+    random policy's its seed's own), and the deterministic ones are walked once a fold."""
+    from foxhunt.train import baselines
+
+    walked = []
+    walk = baselines._deterministic_baselines
+
+    def counted(evaluator, data, ranges, periods):
+        walked.append(ranges["val"])
+        return walk(evaluator, data, ranges, periods)
+
+    monkeypatch.setattr(baselines, "_deterministic_baselines", counted)
+    kw = dict(baselines=True, fold_ids=(1,), epochs=1)
+    both = train_seeds(tiny_cfg(demo_es, tmp_path / "both", seeds=(0, 1), **kw))
+    assert len(walked) == 1
+    for seed, res in zip((0, 1), both, strict=True):
+        alone = run_train(tiny_cfg(demo_es, tmp_path / f"alone{seed}", seed=seed, **kw),
+                          NullLogger())  # fmt: skip
+        assert res.folds[0]["baselines"] == alone.folds[0]["baselines"], seed
+    assert len(walked) == 3  # each task alone walks its own
+    rnd = [r.folds[0]["baselines"]["random"] for r in both]
+    assert rnd[0] != rnd[1]
+    assert both[0].folds[0]["baselines"]["ridge"] == both[1].folds[0]["baselines"]["ridge"]
+
+
 def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_path):
     """Seeds side by side, killed mid-fold (one seed's epoch done, the other's not), resume to
     what the uninterrupted run gives; one seed trained with patience stops early and waits for

@@ -29,6 +29,7 @@ cost-aware threshold, chosen on val as a hyperparameter is.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
@@ -164,6 +165,7 @@ def evaluate_baselines(
     ranges: dict[str, tuple[int, int]],
     periods: float,
     seed: int,
+    known: dict | None = None,
 ) -> dict[str, dict[str, dict]]:
     """Every baseline's val and test metrics on one fold: {name: {"val": m, "test": m}}.
     Fits the data's normaliser on the train range (as the agent does).
@@ -173,9 +175,35 @@ def evaluate_baselines(
     at each of the cost-aware thresholds (the first, 0, is the plain signal policy). Each
     chain's figures are its own walk's; on test, only the chains reported are read (the
     plain policies and each signal's threshold chosen on val). The random policy walks alone,
-    in `evaluator`."""
+    in `evaluator`, from the seed's generator.
+
+    `known`: a dict that the tasks of one process share (seeds side by side, over the one
+    data). The deterministic baselines do not depend on the seed: a fold's are walked by the
+    first task that asks and read from it by the others (a copy each)."""
     lo, hi = ranges["train"]
     data.fit_normaliser(lo, hi)
+    gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
+    out = {"random": {}}
+    for part in ("val", "test"):  # val then test, from one generator
+        r, tr = evaluator.run(random_policy(gen), *ranges[part])
+        out["random"][part] = trading_metrics(r, tr, periods, evaluator.last_positions)
+    key = (id(data), tuple(sorted(ranges.items())), periods, repr(evaluator.env.cfg),
+           evaluator.segments)  # fmt: skip
+    fixed = None if known is None else known.get(key)
+    if fixed is None:
+        fixed = _deterministic_baselines(evaluator, data, ranges, periods)
+        if known is not None:
+            known[key] = fixed
+    out |= copy.deepcopy(fixed)
+    return {k: out[k] for k in NAMES if k in out}
+
+
+def _deterministic_baselines(
+    evaluator: Evaluator, data, ranges: dict[str, tuple[int, int]], periods: float
+) -> dict[str, dict]:
+    """`evaluate_baselines`' figures but the random policy's, the normaliser fitted on the
+    train range."""
+    lo, hi = ranges["train"]
     t = torch.arange(lo, hi - 1, device=data.device)
     x, y = columns(data, t), data.ret1.index_select(0, t)
     ridge = scores(data, fit_ridge(x, y))
@@ -183,12 +211,6 @@ def evaluate_baselines(
     signals = {"ridge": ridge, "logistic": logit}
     if data.memory is not None:
         signals["ridge_memory"] = scores(data, fit_ridge(columns(data, t, True), y), True)
-    gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
-
-    out = {"random": {}}
-    for part in ("val", "test"):  # val then test, from one generator
-        r, tr = evaluator.run(random_policy(gen), *ranges[part])
-        out["random"][part] = trading_metrics(r, tr, periods, evaluator.last_positions)
 
     # The chains: (name, signal row, threshold); rows 0 and 1 the constants 0 and 1.
     vlo, vhi = ranges["val"]
@@ -222,11 +244,12 @@ def evaluate_baselines(
         if name in signals and (name not in best or val[c]["sharpe"] > val[best[name]]["sharpe"]):
             best[name] = c
     test = walk("test", sorted({*first.values(), *best.values()}))
+    out = {}
     for name, c in first.items():
         out[name] = {"val": val[c], "test": test[c]}
     for name, c in best.items():
         out[f"{name}_cost"] = {"val": val[c], "test": test[c], "threshold": chains[c][2]}
-    return {k: out[k] for k in NAMES if k in out}
+    return out
 
 
 def compare(model_sharpe: float, baseline_sharpe: float) -> str:

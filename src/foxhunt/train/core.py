@@ -694,9 +694,10 @@ def _run(
                    for lg in loggers]  # fmt: skip
         try:
             with sigterm_raises(), resume_writer() as writer:
+                known: dict = {}  # the folds' deterministic baselines, shared by the seeds
                 results = _drive(
                     [_task(tcfg, doc, folds, cache, data, device, digest, run_id, run_dir,
-                           state, logger, writer, on_epoch_end)
+                           state, logger, writer, on_epoch_end, known)
                      for (tcfg, digest, run_dir), state, logger in zip(tasks, states, loggers,
                                                                        strict=True)],
                     device, stack={"auto": device.type == "cuda", "on": True,
@@ -984,11 +985,13 @@ def _task(
     logger: Logger,
     writer: ResumeWriter,
     on_epoch_end: Callable[[int, int], None] | None,
+    known_baselines: dict | None = None,
 ) -> Generator[_Built | _Train | _Fold, bool | None, TrainResult]:
     """The task once everything is checked and uploaded: build the agent, then each fold. A
     generator that `_drive` runs: it yields `_Built` once its agent is built, `_Fold` before
     each fold it trains and `_Train` where an epoch's collection and learning go, and returns
-    the task's result."""
+    the task's result. `known_baselines`: the dict its process's tasks share the folds'
+    deterministic baselines in (foxhunt.train.baselines.evaluate_baselines)."""
     # ---- setup: the agent, its evaluators, the resume state, the MLflow runs
     symbol = doc.get("symbol") or cache.manifest.get("symbol", "?")
     ppy = periods_per_year(cache.timestamps)
@@ -1205,7 +1208,8 @@ def _task(
         logger.log_metrics(
             {"eval/random_val_sharpe": rnd["sharpe"], "eval/best_epoch": best["epoch"]}
         )
-        base = evaluate_baselines(base_eval, data, ranges, ppy, cfg.seed) if base_eval else {}
+        base = (evaluate_baselines(base_eval, data, ranges, ppy, cfg.seed, known_baselines)
+                if base_eval else {})  # fmt: skip
         logger.log_metrics(
             {f"baselines/{name}_{part}_sharpe": b[part]["sharpe"]
              for name, b in base.items() for part in ("val", "test")}
