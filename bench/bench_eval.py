@@ -125,14 +125,13 @@ def baselines(data: MarketData, ranges: dict, pieces: str | None, smoke: bool) -
             runs.append({name: b for name, b in out.items() if name != "random"})
         figures = runs[0]
         first = first or figures
-        repeatable = all(r == figures for r in runs[1:])
-        print(f"{k:7d} {statistics.median(times):9.3f}  {repeatable!s:10s}  "
-              f"{figures == first}", flush=True)  # fmt: skip
-        for n, run in enumerate(runs[1:], 2):
-            for where in differences(figures, run):
-                print(f"        run {n} against run 1: {where}")
-        for where in differences(first, figures):
-            print(f"        against {counts[0]} pieces: {where}")
+        repeats = [f"run {n} against run 1: {where}" for n, run in enumerate(runs[1:], 2)
+                   for where in differences(figures, run)]  # fmt: skip
+        against = [f"against {counts[0]} pieces: {w}" for w in differences(first, figures)]
+        print(f"{k:7d} {statistics.median(times):9.3f}  {not repeats!s:10s}  {not against}",
+              flush=True)  # fmt: skip
+        for where in repeats + against:
+            print(f"        {where}")
 
 
 def differences(a: dict, b: dict) -> list[str]:
