@@ -293,7 +293,8 @@ def test_seeds_side_by_side_walk_a_fold_s_deterministic_baselines_once(
     assert len(walked) == 3  # each task alone walks its own
     rnd = [r.folds[0]["baselines"]["random"] for r in both]
     assert rnd[0] != rnd[1]
-    assert both[0].folds[0]["baselines"]["ridge"] == both[1].folds[0]["baselines"]["ridge"]
+    ridge = [r.folds[0]["baselines"]["ridge"] for r in both]
+    assert ridge[0] == ridge[1] and ridge[0]["val"] is not ridge[1]["val"]  # a copy each
 
 
 def test_seeds_killed_together_resume_to_the_uninterrupted_results(demo_es, tmp_path):
