@@ -12,6 +12,8 @@ import math
 
 import torch
 
+from foxhunt.train import scan
+
 YEAR_NS = 365.25 * 86400 * 1e9
 METRICS = (
     "sharpe",
@@ -59,7 +61,7 @@ def trading_metrics(
     down = r.clamp(max=0.0).square().mean().sqrt()
     gains = r.clamp(min=0.0).sum()
     losses = -r.clamp(max=0.0).sum()
-    equity = torch.cumprod(1.0 + r, 0)
+    equity = scan.cumprod(1.0 + r)  # the same every run on a GPU, as torch's is not
     peak = torch.cummax(torch.cat([equity.new_ones(1), equity]), 0).values[1:]
     mdd = (1.0 - equity / peak).max()
     nonzero = (r != 0).double().sum()

@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train import aot, distributed
+from foxhunt.train import aot, distributed, scan
 from foxhunt.train.agents.common import (
     AgentState,
     Capture,
@@ -193,7 +193,7 @@ def windows(data: MarketData, t: torch.Tensor, length: int) -> torch.Tensor:
 def horizon_returns(data: MarketData, h: int) -> torch.Tensor:
     """r_h[t] = close[t + h] / close[t] - 1 [N] in float32, from the per-bar returns summed in
     float64 (0 where t + h runs past the data)."""
-    logc = torch.cumsum(torch.log1p(data.ret1.double()), 0)  # log close[t + 1] / close[0]
+    logc = scan.cumsum(torch.log1p(data.ret1.double()))  # log close[t + 1] / close[0]
     logc = torch.cat([logc.new_zeros(1), logc[:-1]])  # log close[t] / close[0]
     out = torch.zeros(data.n, dtype=torch.float64, device=data.device)
     out[: data.n - h] = torch.expm1(logc[h:] - logc[: data.n - h])
