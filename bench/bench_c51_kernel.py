@@ -24,31 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.bench.graphs import per_call_us
 from foxhunt.train.agents import c51_triton as ct
 from foxhunt.train.agents.dqn import c51_next_target, expected_q
 
 B, A, N = 8192, 30, 51
-
-
-def per_call_us(fn, calls: int = 20, replays: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(replays):
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        ts.append(start.elapsed_time(end) * 1e3 / calls)
-    return sorted(ts)[len(ts) // 2]
 
 
 def time_streams(on, tg, R, disc, z) -> None:

@@ -4,40 +4,25 @@ the replay's (1M slots) and a stack of 8 replays' (8M).
 
     python3 bench/bench_scan.py          on a CUDA device
 
-Each form runs 20 times inside a CUDA graph, replayed 10 times; the figure is the wall time a
-call. "same every run" says whether 10 more calls gave the first one's result bit for bit, and
-the last column how far a form's sums lie from CUB's first call (float rounding).
+Each form runs 20 times inside a CUDA graph; the figure is the median over 10 replays of the
+time a call (foxhunt.bench.graphs). "same every run" says whether 10 more calls gave the first
+one's result bit for bit, and the last column how far a form's sums lie from CUB's first call
+(float rounding).
 """
 
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
+from foxhunt.bench.graphs import per_call_us
 from foxhunt.train import scan
 
 SIZES = (290_000, 1 << 20, 8 << 20)
-
-
-def per_call_us(fn, calls: int = 20, replays: int = 10) -> float:
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(calls):
-            fn()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(replays):
-        g.replay()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t) / (calls * replays) * 1e6
 
 
 def main() -> None:
