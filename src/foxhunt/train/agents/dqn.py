@@ -744,8 +744,8 @@ class Replay:
         B = u.shape[0]
         # torch's scan of a 1-D CUDA tensor is CUB's, which may differ in its last bits from
         # run to run (foxhunt.train.scan): a point that falls between two runs' sums of a
-        # slot's edge draws its neighbour. scan's ordered form is 7x slower (62 against 9 us
-        # over 1M slots, H100) for that rare draw; the evaluations' metrics use it.
+        # slot's edge draws its neighbour. scan's ordered form is several times slower
+        # (gpu-step.md gives the figures) for that rare draw; the evaluations' metrics use it.
         cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
         idx = torch.searchsorted(cdf, x, right=True).clamp(max=self.capacity - 1)
