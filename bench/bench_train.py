@@ -19,7 +19,9 @@ compiled variant's collection step left uncompiled), `-nofold` (the dueling mean
 advantage layer's outputs, as on a CPU, rather than out of its weights), `-nofuse` (each ReLU
 a kernel of its own after its layer's product rather than in the product's epilogue,
 `QNet.fused_relu`), `-f32prio` (the replay's priorities held in float32, converted to float64
-for each sample's cumulative sum, rather than held in float64), `-noisysplit` (noisy
+for each sample's cumulative sum, rather than held in float64), `-cubscan` (the priorities'
+running sum by torch's scan of a 1-D tensor, CUB's, which may differ in its last bits from run
+to run, rather than foxhunt.train.scan's Triton scans), `-noisysplit` (noisy
 layers as two matmuls with the noise applied to their outputs, as on a CPU, rather than one
 with their weights formed for the shared sample), `-logits` (C51's Triton target given the next
 states' logits rather than their dueling streams), `-fullout` (the loss
@@ -390,6 +392,8 @@ def build_dqn(args, res, variant, opts, cfg, data, env_cfg, train, val, segments
         agent.net.fused_relu = agent.target.fused_relu = False
     if "f32prio" in opts:  # the replay's priorities held in float32 (converted each sample)
         agent.replay.prio = agent.replay.prio.float()
+    if "cubscan" in opts:  # the priorities' running sum by CUB's scan, torch's on a 1-D tensor
+        agent.replay.cumsum = lambda x, dtype: torch.cumsum(x, 0, dtype=dtype)
     if "logits" in opts:  # the Triton target given the next states' logits, not their streams
         agent.next_target = functools.partial(c51_triton.next_target)
     if "noisysplit" in opts:  # noisy layers as two matmuls, the noise applied to their outputs

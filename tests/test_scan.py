@@ -41,10 +41,34 @@ def test_the_scans_are_torch_s_own_on_the_cpu_and_refuse_other_shapes():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_the_scans_are_the_same_every_run_on_a_gpu():
+@pytest.mark.parametrize("row", [8, scan.ROW])
+def test_the_triton_scans_give_the_sequential_sums_and_products(row, monkeypatch):
+    """Sizes around a row and around a block of rows' totals: integers sum exactly in any
+    order, so they equal the CPU's sequential sums exactly; products of numbers near 1 agree
+    with the CPU's in float64, and float32 sums in float32."""
+    assert scan._has_triton()
+    monkeypatch.setattr(scan, "ROW", row)
+    g = torch.Generator().manual_seed(row)
+    for n in (1, row - 1, row, row + 1, row * row, row * row + 1, 3 * row * row + 5):
+        ints = torch.randint(-1000, 1000, (n,), generator=g).double()
+        assert torch.equal(scan.cumsum(ints.cuda()).cpu(), torch.cumsum(ints, 0)), n
+        x = 1.0 + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
+        got = scan.cumprod(x.cuda())
+        assert got.dtype == torch.float64 and got.shape == (n,)
+        assert torch.allclose(got.cpu(), torch.cumprod(x, 0), rtol=1e-12, atol=0), n
+        f = torch.rand(n, generator=g)
+        assert torch.allclose(scan.cumsum(f.cuda()).cpu(), torch.cumsum(f, 0), rtol=1e-5), n
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("triton", [True, False])
+def test_the_scans_are_the_same_every_run_on_a_gpu(triton, monkeypatch):
     """Twenty runs of each scan over 1M float64 values give one result, bit for bit, within
-    float rounding of the CPU's sequential scan. (torch's own 1-D scan on CUDA, CUB's, need not:
-    how often it differed is printed, not asserted.)"""
+    float rounding of the CPU's sequential scan: the Triton form and, where Triton is missing,
+    the row scans. (torch's own 1-D scan on CUDA, CUB's, need not: how often it differed is
+    printed, not asserted.)"""
+    monkeypatch.setattr(scan, "_has_triton", lambda: triton)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1 << 20, generator=g, dtype=torch.float64)
     r = 1e-3 * x

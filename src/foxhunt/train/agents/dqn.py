@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from foxhunt.train import aot, distributed
+from foxhunt.train import aot, distributed, scan
 from foxhunt.train.agents import c51_triton
 from foxhunt.train.agents.common import (
     COMBO_NO_REORDER,
@@ -711,6 +711,11 @@ class Replay:
     own over the 1M slots each learning step); the sums, slots and weights are the same.
     """
 
+    cumsum = staticmethod(scan.cumsum)
+    """The priorities' running sum, the same every run on a GPU (foxhunt.train.scan): CUB's
+    scan, torch's on a 1-D CUDA tensor, may draw another slot from one run to the next where a
+    point lies within a rounding of a slot's edge."""
+
     def __init__(self, capacity: int, device: torch.device, n_step: int = 1):
         self.capacity = capacity
         self.fbuf = torch.zeros(capacity, 3, device=device)
@@ -742,11 +747,7 @@ class Replay:
         drawn while any has more; from an empty replay (what a capture's warm-up steps draw
         from) the last slot is, with weight 1 rather than 0/0."""
         B = u.shape[0]
-        # torch's scan of a 1-D CUDA tensor is CUB's, which may differ in its last bits from
-        # run to run (foxhunt.train.scan): a point that falls between two runs' sums of a
-        # slot's edge draws its neighbour. scan's ordered form is several times slower
-        # (gpu-step.md gives the figures) for that rare draw; the evaluations' metrics use it.
-        cdf = torch.cumsum(self.prio, 0, dtype=torch.float64)
+        cdf = self.cumsum(self.prio, torch.float64)
         x = (torch.arange(B, device=u.device, dtype=torch.float64) + u.double()) / B * cdf[-1]
         idx = torch.searchsorted(cdf, x, right=True).clamp(max=self.capacity - 1)
         p = self.prio.index_select(0, idx).float()

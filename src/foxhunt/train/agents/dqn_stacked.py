@@ -40,6 +40,7 @@ from collections.abc import Sequence
 import torch
 from torch.func import functional_call, vmap
 
+from foxhunt.train import scan
 from foxhunt.train.agents import dqn
 from foxhunt.train.agents.common import (
     COMBO_NO_REORDER,
@@ -219,10 +220,11 @@ def sample_rows(prio: torch.Tensor, u: torch.Tensor, beta: torch.Tensor, points=
     for a point that close to a slot's edge. Returns the slots [K, B] (row-local) and the
     importance weights [K, B].
 
-    The scan and the search stay torch's (CUB's scan is faster than inductor's); the work
-    around them is `points` and `slots` (`sample_points`, `sampled_slots`, or their compiled
-    forms: a kernel each rather than some twenty small ones)."""
-    cdf = torch.cumsum(prio.reshape(-1), 0, dtype=torch.float64)
+    The scan is foxhunt.train.scan's (the same every run on a GPU, where torch's, CUB's, is
+    not) and the search torch's; the work around them is `points` and `slots`
+    (`sample_points`, `sampled_slots`, or their compiled forms: a kernel each rather than some
+    twenty small ones)."""
+    cdf = scan.cumsum(prio.reshape(-1), torch.float64)
     x = (points or sample_points)(cdf, u)
     at = torch.searchsorted(cdf, x.reshape(-1), right=True)
     return (slots or sampled_slots)(at, prio, beta)
