@@ -178,7 +178,9 @@ def next_target(
     [B, A, atoms] or their dueling streams (see the module docstring; any float dtype, any
     strides), R [B], disc [B, 1], z [atoms] float32. Returns the target distribution
     [B, 1, atoms] and the target mass clipped at the support's ends [B, 1], float32."""
-    if not available():
+    # Checked where the call runs eagerly: a compiled step traces this function, and Dynamo
+    # warns at each trace that it ignores the cache around `available`.
+    if not torch.compiler.is_compiling() and not available():
         raise RuntimeError("c51_triton.next_target needs Triton and a CUDA device")
     (v_on, a_on), (v_tg, a_tg) = _streams(on2), _streams(tg2)
     if {v_on.dtype, a_on.dtype} != {v_tg.dtype, a_tg.dtype}:
