@@ -153,7 +153,7 @@ def q_ensemble(checkpoints: list[Path], obs: Observation, device: torch.device):
 
 def ensemble_rows(evaluator, data, folds, run_dirs: list[Path], n: int, env, ppy) -> list:
     """Each group of n runs' (seeds') mean-Q policy on every fold: [[{val, test} per fold]]."""
-    obs = Observation(data, env.memory_decay)
+    obs = Observation(data, env.memory_decay, env.forecast)
     rows = []
     for g in range(0, len(run_dirs) - n + 1, n):
         group = run_dirs[g : g + n]

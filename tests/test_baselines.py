@@ -13,16 +13,15 @@ from foxhunt.train.baselines import (
     DIRECTIONS,
     FLAT,
     NAMES,
-    RIDGE_L2,
     THRESHOLD_QUANTILES,
     columns,
     constant_policy,
     evaluate_baselines,
     fit_logistic,
-    fit_ridge,
     scores,
     signal_policy,
 )
+from foxhunt.train.data import RIDGE_L2, fit_ridge
 from foxhunt.train.env import EnvConfig
 from foxhunt.train.evaluate import Evaluator, random_policy
 from foxhunt.train.metrics import trading_metrics

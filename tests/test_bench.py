@@ -332,7 +332,7 @@ def test_bench_learning_q_ensemble_against_the_trainers_own_q_values(
 
     f = folds[0]
     data.fit_normaliser(f["train_start"], f["train_end"])
-    obs = Observation(data, env.memory_decay)
+    obs = Observation(data, env.memory_decay, env.forecast)
     ckpts = [r.run_dir / "fold-1" / "best.safetensors" for r in runs]
     policy = bench_learning.q_ensemble(ckpts, obs, data.device)
     n = 400

@@ -29,7 +29,14 @@ from foxhunt.train.core import (
 from foxhunt.train.evaluate import VAL_PASSES
 from foxhunt.train.policy import Policy
 from foxhunt.train.tracking import MlflowLogger, NullLogger
-from trainruns import EpochRecorder, Killed, load_normaliser, metrics_of, spy_training
+from trainruns import (
+    EpochRecorder,
+    Killed,
+    load_normaliser,
+    metrics_of,
+    served_and_trained_orders,
+    spy_training,
+)
 
 TINY = DQNConfig(
     hidden=(32, 32), head_hidden=16, envs=16, collect_steps=8, learn_steps=4, batch_size=64,
@@ -470,6 +477,34 @@ def test_resume_file_of_another_trainer_layout_starts_afresh(demo_es, tmp_path, 
     assert "written by another trainer" in caplog.text
     fresh = run_train(tiny_cfg(demo_es, tmp_path / "new", fold_ids=(0,), epochs=2), NullLogger())
     assert metrics_of(res) == metrics_of(fresh)
+
+
+def test_the_forecast_column_resumes_mid_fold_and_serves_as_in_training(demo_es, tmp_path):
+    """An agent that sees the ridge forecast (EnvConfig.forecast): killed mid-fold, it resumes
+    to the uninterrupted run's results (the column is scored again from the restored fit); its
+    checkpoint, served by `Policy`, orders what the trainer's policy orders; and the column
+    moves the results."""
+    from foxhunt.train.agents.dqn import RainbowAgent
+
+    env = EnvConfig(episode_bars=256, forecast=True)
+    full = run_train(tiny_cfg(demo_es, tmp_path / "full", env=env, fold_ids=(0,)), NullLogger())
+    plain = run_train(tiny_cfg(demo_es, tmp_path / "plain", fold_ids=(0,)), NullLogger())
+    assert metrics_of(plain) != metrics_of(full)
+
+    def kill(fold, epoch):
+        if (fold, epoch) == (0, 1):
+            raise Killed
+
+    cfg = tiny_cfg(demo_es, tmp_path / "killed", env=env, fold_ids=(0,))
+    with pytest.raises(Killed):
+        run_train(cfg, NullLogger(), on_epoch_end=kill)
+    resumed = run_train(cfg, NullLogger())
+    assert resumed.resumed and metrics_of(resumed) == metrics_of(full)
+    ckpt = full.run_dir / "fold-0" / "best.safetensors"
+    got, want = served_and_trained_orders(
+        demo_es, ckpt, lambda data: RainbowAgent(TINY, env, data, seed=0), lo=1000, n=400
+    )
+    assert (got == want).all() and len({tuple(r) for r in want.tolist()}) > 1
 
 
 @pytest.mark.parametrize("val_passes", [None, 1])

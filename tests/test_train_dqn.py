@@ -25,7 +25,7 @@ from foxhunt.train.agents.dqn import (
     project_c51,
     quantile_huber,
 )
-from foxhunt.train.data import MarketData
+from foxhunt.train.data import RIDGE_L2, MarketData
 from foxhunt.train.env import JOINT, EnvConfig
 from marketdata import random_market
 
@@ -776,6 +776,59 @@ def test_memory_is_the_order_flows_moving_average_up_to_each_bar(decay):
     assert torch.equal(short.memory, data.memory[:700])
     with pytest.raises(ValueError, match="already holds the memory at"):
         data.use_memory(0.25)
+
+
+def test_the_forecast_is_the_train_range_s_ridge_standardised_and_reads_no_later_bar():
+    """Against numpy's least squares on the ridge's augmented system over the 58 normalised
+    columns, standardised on the train range; bars after the range, changed, leave the fit and
+    every earlier bar's forecast as they were; the state carries it after the portfolio."""
+    base = random_market(900, seed=5)
+    mkt, close = base.mkt.numpy(), base.close.numpy()
+    lo, hi = 100, 600
+
+    def market(mkt, close):
+        data = MarketData(mkt[:, :42], mkt[:, 42:], np.stack([close] * 4, 1), torch.device("cpu"))
+        data.use_memory(0.5)
+        data.use_forecast()
+        data.fit_normaliser(lo, hi)
+        return data
+
+    data = market(mkt, close)
+    t = torch.arange(data.n)
+    x = torch.cat([data.observe(t), data.remember(t)], 1).double().numpy()
+    d, rows = x.shape[1], slice(lo, hi - 1)  # the last bar's return lies after the range
+    xb = np.c_[x, np.ones(len(x))]
+    lam = RIDGE_L2 * (hi - 1 - lo)
+    aug = np.r_[xb[rows], np.c_[np.sqrt(lam) * np.eye(d), np.zeros(d)]]
+    y = np.r_[data.ret1[rows].double().numpy(), np.zeros(d)]
+    score = xb @ np.linalg.lstsq(aug, y, rcond=None)[0]
+    want = np.clip((score - score[lo:hi].mean()) / score[lo:hi].std(ddof=1), -10, 10)
+    torch.testing.assert_close(data.forecast, torch.tensor(want, dtype=torch.float32),
+                               rtol=1e-4, atol=1e-4)  # fmt: skip
+    assert data.forecast[lo:hi].std() > 0.5  # a real column, not the zeros it starts as
+
+    rng = np.random.default_rng(1)
+    later_mkt, later_close = mkt.copy(), close.copy()
+    later_mkt[hi:] = rng.normal(size=later_mkt[hi:].shape).astype(np.float32)
+    later_close[hi:] *= np.exp(rng.normal(0, 0.01, len(close) - hi)).astype(np.float32)
+    later = market(later_mkt, later_close)
+    assert torch.equal(later.forecast_w, data.forecast_w)
+    assert torch.equal(later.forecast[:hi], data.forecast[:hi])
+    assert not torch.equal(later.forecast[hi:], data.forecast[hi:])
+
+    port = torch.randn(20, 3)
+    s = Observation(data, 0.5, forecast=True)(t[5:25], port)
+    assert torch.equal(s[:, 58:61], port) and torch.equal(s[:, 61], data.forecast[5:25])
+    assert not s[:, 62:].any()
+    # After a resume file's fit is restored into new data, the column is scored again from it.
+    fresh = market(mkt, close)
+    fresh.forecast.zero_()
+    fresh.score_forecast()
+    assert torch.equal(fresh.forecast, data.forecast)
+    bare = MarketData(mkt[:, :42], mkt[:, 42:], np.stack([close] * 4, 1), torch.device("cpu"))
+    bare.use_forecast()
+    with pytest.raises(ValueError, match="use_memory after use_forecast"):
+        bare.use_memory(0.5)
 
 
 def test_the_state_is_market_memory_portfolio_then_zeros():

@@ -34,6 +34,7 @@ import math
 
 import torch
 
+from foxhunt.train.data import fit_ridge
 from foxhunt.train.env import DIRECTIONS, PORTFOLIO, SIZES
 from foxhunt.train.evaluate import Evaluator, Policy, random_policy
 from foxhunt.train.metrics import trading_metrics
@@ -41,7 +42,6 @@ from foxhunt.train.metrics import trading_metrics
 FULL = SIZES.index(1.0)
 MARKET = 0
 FLAT = DIRECTIONS.index(0.0)
-RIDGE_L2 = 1e-3  # ridge penalty, relative to the bar count (the columns are normalised)
 THRESHOLD_QUANTILES = (0.0, 0.25, 0.5, 0.75, 0.9, 0.95)
 NAMES = ("flat", "buy_and_hold", "random", "ridge", "ridge_cost", "logistic", "logistic_cost",
          "ridge_memory", "ridge_memory_cost")  # fmt: skip
@@ -77,16 +77,6 @@ def signal_policy(score: torch.Tensor, threshold: float = 0.0) -> Policy:
 
     act.portfolio_read = PORTFOLIO[:1]  # type: ignore[attr-defined]
     return act
-
-
-def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Weights [d + 1] (bias last) of ridge regression, in float64."""
-    x, y = x.double(), y.double()
-    n, d = x.shape
-    xb = torch.cat([x, x.new_ones(n, 1)], 1)
-    reg = torch.eye(d + 1, dtype=x.dtype, device=x.device) * (RIDGE_L2 * n)
-    reg[d, d] = 0.0  # the bias is not penalised
-    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y)
 
 
 def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Tensor:

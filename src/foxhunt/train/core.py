@@ -1070,6 +1070,7 @@ def _task(
         mid_fold = state is not None and state.get("fold") == k
         if mid_fold:
             agent.restore(state["agent"])
+            data.score_forecast()  # the forecast column from the restored fit (if any)
             best = state["best"]
             best_weights = state["best_weights"]
             best_weights = best_weights and {n: v.to(device) for n, v in best_weights.items()}

@@ -6,6 +6,9 @@
 
     memory  float32 [N, 8]   exponential moving average of each order-flow column over the bars
                              up to t (`use_memory`, what the agents see beside the bar itself)
+    forecast float32 [N]     a ridge regression's forecast of ret1 from the normalised columns
+                             (the 50 and the memory), fitted and standardised on each fold's
+                             train range (`use_forecast`)
 
 Normalisation is per fold: mean and standard deviation of each column over the fold's train
 range, computed on the device (`fit_normaliser`) into persistent tensors, and applied when an
@@ -24,6 +27,8 @@ N_MKT = 50
 N_MEMORY = 8  # the order-flow columns, the last 8 of the 50: the memory averages them
 SCAN_BLOCK = 32  # rows per block of `ema`'s scan
 CLIP = 10.0  # normalised values beyond +-10 standard deviations are clipped
+RIDGE_L2 = 1e-3  # ridge penalty, relative to the bar count (the columns are normalised)
+FORECAST_ROWS = 1 << 18  # bars scored at a time: float64 columns of 2M bars would take ~1 GB
 
 
 @dataclass
@@ -88,6 +93,7 @@ class MarketData:
         self.inv_std = torch.ones(N_MKT, device=device)
         self.memory: torch.Tensor | None = None  # `use_memory`
         self.memory_decay: float | None = None
+        self.forecast: torch.Tensor | None = None  # `use_forecast`
 
     @classmethod
     def from_fxcache(cls, cache, device: torch.device, pin: bool | None = None) -> MarketData:
@@ -106,16 +112,69 @@ class MarketData:
                 f"memory_decay = {decay}: this data already holds the memory at "
                 f"{self.memory_decay}; agents over one MarketData share one observation"
             )
+        if self.forecast is not None:
+            raise ValueError(
+                "use_memory after use_forecast: the forecast reads the memory, so the memory "
+                "comes first (agents over one MarketData share one observation)"
+            )
         self.memory = ema(self.mkt[:, -N_MEMORY:], decay)
         self.memory_decay = decay
         self.memory_mean = torch.zeros(N_MEMORY, device=self.device)
         self.memory_inv_std = torch.ones(N_MEMORY, device=self.device)
 
+    def use_forecast(self) -> None:
+        """Add the forecast column, once (after `use_memory` where the agents remember): each
+        fold, `fit_normaliser` fits a ridge regression of the next bar's return on the
+        normalised columns the agents see (the 50, and the memory where the data holds it) over
+        the train range, in closed form, and standardises its forecast for every bar with the
+        forecast's mean and standard deviation over that range. A value at bar t reads bar t's
+        columns alone; the fit reads returns inside the range alone. The tensors are persistent
+        (captured graphs keep their addresses)."""
+        if self.forecast is not None:
+            return
+        d = N_MKT + (N_MEMORY if self.memory is not None else 0)
+        self.forecast = torch.zeros(self.n, device=self.device)
+        self.forecast_w = torch.zeros(d + 1, device=self.device, dtype=torch.float64)
+        self.forecast_mean = torch.zeros((), device=self.device, dtype=torch.float64)
+        self.forecast_std = torch.ones((), device=self.device, dtype=torch.float64)
+
     def fit_normaliser(self, lo: int, hi: int) -> None:
-        """Mean and standard deviation of every column over bars [lo, hi) (the train range)."""
+        """Mean and standard deviation of every column over bars [lo, hi) (the train range),
+        and the forecast's fit there (`use_forecast`)."""
         _fit(self.mkt[lo:hi], self.mean, self.inv_std)
         if self.memory is not None:
             _fit(self.memory[lo:hi], self.memory_mean, self.memory_inv_std)
+        if self.forecast is not None:
+            # ret1[t] is bar t + 1's return: the last bar of the range has none inside it.
+            t = torch.arange(lo, hi - 1, device=self.device)
+            self.forecast_w.copy_(fit_ridge(self.forecast_columns(t), self.ret1.index_select(0, t)))
+            score = self._forecast_scores()
+            self.forecast_mean.copy_(score[lo:hi].mean())
+            self.forecast_std.copy_(score[lo:hi].std())
+            self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
+
+    def score_forecast(self) -> None:
+        """The forecast column again from the fitted weights and statistics, as `fit_normaliser`
+        left it: after they were restored from a resume file into a new process's data."""
+        if self.forecast is not None:
+            score = self._forecast_scores()
+            self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
+
+    def forecast_columns(self, t: torch.Tensor) -> torch.Tensor:
+        """The normalised columns the forecast reads at bars `t`, float64 [len(t), d]."""
+        x = self.observe(t)
+        if self.memory is not None:
+            x = torch.cat([x, self.remember(t)], 1)
+        return x.double()
+
+    def _forecast_scores(self) -> torch.Tensor:
+        """The ridge forecast of every bar, float64 [N], FORECAST_ROWS bars at a time."""
+        w = self.forecast_w
+        return torch.cat([
+            self.forecast_columns(torch.arange(a, min(a + FORECAST_ROWS, self.n),
+                                               device=self.device)) @ w[:-1] + w[-1]
+            for a in range(0, self.n, FORECAST_ROWS)
+        ])  # fmt: skip
 
     def observe(self, t: torch.Tensor) -> torch.Tensor:
         """Normalised market features of bars `t`, [len(t), 50]."""
@@ -130,6 +189,22 @@ def normalise(x: torch.Tensor, mean: torch.Tensor, inv_std: torch.Tensor) -> tor
     """Columns standardised with a fold's statistics, clipped at +-CLIP standard deviations (the
     trainer's observation and a served policy's alike)."""
     return ((x - mean) * inv_std).clamp(-CLIP, CLIP)
+
+
+def standardised(score: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """A forecast (float64) standardised with a fold's statistics, clipped at +-CLIP, float32
+    (the trainer's forecast column and a served policy's alike)."""
+    return ((score - mean) / std.clamp_min(1e-12)).clamp(-CLIP, CLIP).float()
+
+
+def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Weights [d + 1] (bias last) of ridge regression, in float64."""
+    x, y = x.double(), y.double()
+    n, d = x.shape
+    xb = torch.cat([x, x.new_ones(n, 1)], 1)
+    reg = torch.eye(d + 1, dtype=x.dtype, device=x.device) * (RIDGE_L2 * n)
+    reg[d, d] = 0.0  # the bias is not penalised
+    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y)
 
 
 def ema(x: torch.Tensor, decay: float) -> torch.Tensor:

@@ -32,7 +32,7 @@ import torch
 
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
 from foxhunt.train.agents.common import state, uncompiled
-from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise
+from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise, standardised
 from foxhunt.train.env import DIRECTIONS, HOLD_SCALE, ORDER_TYPES, PORTFOLIO, SIZES
 
 
@@ -51,6 +51,10 @@ class Policy:
             self.memory_decay = float(tensors["norm.memory_decay"])
             self.memory_mean = tensors["norm.memory_mean"]
             self.memory_inv_std = tensors["norm.memory_inv_std"]
+        self.forecast_w = tensors.get("norm.forecast_w")  # agents that see the forecast
+        if self.forecast_w is not None:
+            self.forecast_mean = tensors["norm.forecast_mean"]
+            self.forecast_std = tensors["norm.forecast_std"]
 
     @staticmethod
     def config_of(checkpoint: Path | str) -> tuple[str, object, dict]:
@@ -96,7 +100,12 @@ class Policy:
         if self.memory_decay is not None:
             m = ema(x[:, -N_MEMORY:], self.memory_decay)
             memory = normalise(m, self.memory_mean, self.memory_inv_std)
-        return self._act(state(obs, memory, p)).numpy()
+        forecast = None
+        if self.forecast_w is not None:  # as MarketData.fit_normaliser computes it
+            cols = (obs if memory is None else torch.cat([obs, memory], 1)).double()
+            score = cols @ self.forecast_w[:-1] + self.forecast_w[-1]
+            forecast = standardised(score, self.forecast_mean, self.forecast_std)[:, None]
+        return self._act(state(obs, memory, p, forecast)).numpy()
 
     def _act_supervised(self, obs: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         from foxhunt.train.agents.supervised import order_from_forecast

@@ -33,27 +33,39 @@ class Observation:
     """What an agent sees at bar t (`state`): the 50 market columns normalised on the fold's
     train range (`MarketData.observe`), the memory of the 8 order-flow columns
     (`MarketData.remember`, unless `memory_decay` is None), the portfolio state (position,
-    unrealised PnL in %, bars held / 100)."""
+    unrealised PnL in %, bars held / 100) and, with `forecast`, the train range's ridge
+    forecast of the next bar's return (`MarketData.use_forecast`)."""
 
-    def __init__(self, data: MarketData, memory_decay: float | None):
+    def __init__(self, data: MarketData, memory_decay: float | None, forecast: bool = False):
         self.data = data
         self.memory = memory_decay is not None
+        self.forecast = forecast
         if self.memory:
             data.use_memory(memory_decay)
+        if forecast:  # after the memory, which it reads
+            data.use_forecast()
 
     def __call__(self, t: torch.Tensor, portfolio: torch.Tensor) -> torch.Tensor:
         memory = self.data.remember(t) if self.memory else None
-        return state(self.data.observe(t), memory, portfolio)
+        forecast = self.data.forecast.index_select(0, t)[:, None] if self.forecast else None
+        return state(self.data.observe(t), memory, portfolio, forecast)
 
 
-def state(market: torch.Tensor, memory: torch.Tensor | None, portfolio: torch.Tensor):
+def state(
+    market: torch.Tensor,
+    memory: torch.Tensor | None,
+    portfolio: torch.Tensor,
+    forecast: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The network's input [n, IN_DIM]: normalised market columns [n, 50], memory [n, 8] or
-    None, portfolio [n, 3], zeros up to IN_DIM. (The zeros are made per call, not kept per
-    batch size: a cache filled inside a compiled step would make torch.compile trace that step
-    again, and a second trace inside a CUDA graph capture fails.)"""
-    parts = [market] if memory is None else [market, memory]
-    width = sum(p.shape[1] for p in parts) + portfolio.shape[1]
-    return torch.cat([*parts, portfolio, portfolio.new_zeros(len(market), IN_DIM - width)], 1)
+    None, portfolio [n, 3], forecast [n, 1] or None, zeros up to IN_DIM. (The zeros are made
+    per call, not kept per batch size: a cache filled inside a compiled step would make
+    torch.compile trace that step again, and a second trace inside a CUDA graph capture
+    fails.)"""
+    parts = [market, *([] if memory is None else [memory]), portfolio]
+    parts += [] if forecast is None else [forecast]
+    width = sum(p.shape[1] for p in parts)
+    return torch.cat([*parts, portfolio.new_zeros(len(market), IN_DIM - width)], 1)
 
 
 def mark_step(marks: list | None, device: torch.device) -> None:
@@ -468,11 +480,16 @@ def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketD
 
 def normaliser(data: MarketData) -> dict[str, torch.Tensor]:
     """The fold's normaliser as checkpoints and resume files name it (live tensors), the
-    memory's statistics with it where the data holds the memory. (Its decay, a setting that
+    memory's statistics with it where the data holds the memory, and the forecast's weights
+    and statistics where it holds the forecast (the column itself is computed from them:
+    `MarketData.score_forecast`). (Its decay, a setting that
     training does not change, goes into checkpoints alone: `core.save_checkpoint`.)"""
     st = {"norm.mean": data.mean, "norm.inv_std": data.inv_std}
     if data.memory is not None:
         st["norm.memory_mean"], st["norm.memory_inv_std"] = data.memory_mean, data.memory_inv_std
+    if data.forecast is not None:
+        st["norm.forecast_w"] = data.forecast_w
+        st["norm.forecast_mean"], st["norm.forecast_std"] = data.forecast_mean, data.forecast_std
     return st
 
 

@@ -840,7 +840,8 @@ class RainbowAgent(FlatGrad, AgentState):
         # cost more than the rest of the step (reward, |trade|, episode ends, short/flat/long).
         self.collect_sums = torch.zeros(6, E, device=dev)
         self.eps = torch.full((), cfg.epsilon, device=dev)  # set per epoch (begin_epoch)
-        self.state = Observation(data, env_cfg.memory_decay)  # state(t, portfolio) -> [B, IN_DIM]
+        # state(t, portfolio) -> [B, IN_DIM]
+        self.state = Observation(data, env_cfg.memory_decay, env_cfg.forecast)
         self.joint = joint_table(dev)  # [30, 3] branch indices of the joint actions
         # Branch indices -> joint index: direction * 10 + size * 2 + order type.
         self.joint_stride = torch.tensor([10, 2, 1], device=dev)

@@ -254,7 +254,7 @@ class OnPolicyAgent(FlatGrad, AgentState):
         self.opt = flat_optimiser(self.flat, jit=cfg.compile and not self.aot, aot=self.aot,
                                   **adam)  # fmt: skip
         self.env = TradingEnv(env_cfg, cfg.envs, data.close, data.high, data.low, data.ret1)
-        self.state = Observation(data, env_cfg.memory_decay)
+        self.state = Observation(data, env_cfg.memory_decay, env_cfg.forecast)
         self.roll = Rollout(cfg.rollout_steps, cfg.envs, dev)
         self.n = cfg.rollout_steps * cfg.envs
         self.stats = torch.zeros(n_stats, device=dev)
