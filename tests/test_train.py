@@ -488,7 +488,8 @@ def test_the_forecast_column_resumes_mid_fold_and_serves_as_in_training(demo_es,
 
     env = EnvConfig(episode_bars=256, forecast=True)
     full = run_train(tiny_cfg(demo_es, tmp_path / "full", env=env, fold_ids=(0,)), NullLogger())
-    plain = run_train(tiny_cfg(demo_es, tmp_path / "plain", fold_ids=(0,)), NullLogger())
+    off = EnvConfig(episode_bars=256, forecast=False)
+    plain = run_train(tiny_cfg(demo_es, tmp_path / "plain", env=off, fold_ids=(0,)), NullLogger())
     assert metrics_of(plain) != metrics_of(full)
 
     def kill(fold, epoch):
