@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from foxhunt.train.data import fit_ridge
+from foxhunt.train.data import fit_ridge, linear_score
 from foxhunt.train.env import DIRECTIONS, PORTFOLIO, SIZES
 from foxhunt.train.evaluate import Evaluator, Policy, random_policy
 from foxhunt.train.metrics import trading_metrics
@@ -128,8 +128,7 @@ def columns(data, t: torch.Tensor, memory: bool = False) -> torch.Tensor:
 
 def scores(data, w: torch.Tensor, memory: bool = False) -> torch.Tensor:
     """Prediction for every bar, float32 [N]."""
-    x = columns(data, torch.arange(data.n, device=data.device), memory).double()
-    return (x @ w[:-1] + w[-1]).float()
+    return linear_score(columns(data, torch.arange(data.n, device=data.device), memory), w).float()
 
 
 def signals_policy(

@@ -169,10 +169,9 @@ class MarketData:
 
     def _forecast_scores(self) -> torch.Tensor:
         """The ridge forecast of every bar, float64 [N], FORECAST_ROWS bars at a time."""
-        w = self.forecast_w
         return torch.cat([
-            self.forecast_columns(torch.arange(a, min(a + FORECAST_ROWS, self.n),
-                                               device=self.device)) @ w[:-1] + w[-1]
+            linear_score(self.forecast_columns(torch.arange(a, min(a + FORECAST_ROWS, self.n),
+                                                           device=self.device)), self.forecast_w)
             for a in range(0, self.n, FORECAST_ROWS)
         ])  # fmt: skip
 
@@ -205,6 +204,12 @@ def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     reg = torch.eye(d + 1, dtype=x.dtype, device=x.device) * (RIDGE_L2 * n)
     reg[d, d] = 0.0  # the bias is not penalised
     return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y)
+
+
+def linear_score(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """A linear model's score of the rows of x with weights w [d + 1] (bias last, as
+    `fit_ridge` gives them), float64."""
+    return x.double() @ w[:-1] + w[-1]
 
 
 def ema(x: torch.Tensor, decay: float) -> torch.Tensor:

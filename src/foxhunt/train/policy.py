@@ -32,7 +32,7 @@ import torch
 
 from foxhunt.train.agents import AGENTS, SUPERVISED, policy_module
 from foxhunt.train.agents.common import state, uncompiled
-from foxhunt.train.data import N_MEMORY, N_MKT, ema, normalise, standardised
+from foxhunt.train.data import N_MEMORY, N_MKT, ema, linear_score, normalise, standardised
 from foxhunt.train.env import DIRECTIONS, HOLD_SCALE, ORDER_TYPES, PORTFOLIO, SIZES
 
 
@@ -102,8 +102,8 @@ class Policy:
             memory = normalise(m, self.memory_mean, self.memory_inv_std)
         forecast = None
         if self.forecast_w is not None:  # as MarketData.fit_normaliser computes it
-            cols = (obs if memory is None else torch.cat([obs, memory], 1)).double()
-            score = cols @ self.forecast_w[:-1] + self.forecast_w[-1]
+            cols = obs if memory is None else torch.cat([obs, memory], 1)
+            score = linear_score(cols, self.forecast_w)
             forecast = standardised(score, self.forecast_mean, self.forecast_std)[:, None]
         return self._act(state(obs, memory, p, forecast)).numpy()
 

@@ -1110,8 +1110,8 @@ class RainbowAgent(FlatGrad, AgentState):
     def _learn_body(self, idx: torch.Tensor, w: torch.Tensor) -> None:
         """A learning step after its replay sample: the loss, its gradient (FlatGrad's eager or
         traced form) and the update. With `compile_mode="aot"` this is what is traced; the
-        sample stays outside, as with torch.compile (its scan over the priorities is CUB's,
-        faster than inductor's)."""
+        sample stays outside, as with torch.compile (its scan over the priorities,
+        foxhunt.train.scan's, is faster than inductor's)."""
         self._zero_grad()
         loss, per, q_taken, cql, clipped = self._loss(idx, w)
         self._backward(loss)
