@@ -29,6 +29,7 @@ def run_epochs(
     compile_: bool = False,
     triton_target: bool | None = None,
     compile_mode: str = "default",
+    forecast: bool = False,
 ):
     data = gpu_data()
     cfg = DQNConfig(
@@ -37,7 +38,7 @@ def run_epochs(
         distribution=distribution, noisy=True, epsilon=0.0, n_step=3, dense_inputs=False,
         triton_target=triton_target, compile_mode=compile_mode,
     )  # fmt: skip
-    agent = RainbowAgent(cfg, EnvConfig(episode_bars=300), data, seed=7)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=300, forecast=forecast), data, seed=7)
     agent.ensure_optimizer_state()
     if capture == "graph":  # before the first fold is set, as foxhunt train does
         agent.capture()
@@ -52,11 +53,12 @@ def run_epochs(
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_captured_graphs_give_the_eager_numbers(precision):
-    """C51: three epochs of collection and learning, bit for bit."""
-    s_e, p_e, pr_e = run_epochs("eager", precision)
-    s_g, p_g, pr_g = run_epochs("graph", precision)
+@pytest.mark.parametrize("precision,forecast", [("fp32", False), ("bf16", False), ("fp32", True)])
+def test_captured_graphs_give_the_eager_numbers(precision, forecast):
+    """C51: three epochs of collection and learning, bit for bit; with the forecast column too
+    (the graphs read the column the fold's fit writes after the capture)."""
+    s_e, p_e, pr_e = run_epochs("eager", precision, forecast=forecast)
+    s_g, p_g, pr_g = run_epochs("graph", precision, forecast=forecast)
     assert s_e == s_g, (s_e, s_g)
     assert torch.equal(p_e, p_g)
     assert torch.equal(pr_e, pr_g)
@@ -76,22 +78,26 @@ def test_captured_iqn_step_matches_eager_within_float_tolerance():
     torch.testing.assert_close(pr_g, pr_e, rtol=1e-4, atol=1e-6)
 
 
-def assert_compiled_step_matches_eager(**compiled) -> None:
+def assert_compiled_step_matches_eager(forecast: bool = False, **compiled) -> None:
     """One epoch with one learning step (fp32), captured and compiled as `compiled` says,
     against the eager agent's: its statistics and weights within float tolerance (inductor
     fuses differently)."""
-    s_e, p_e, _ = run_epochs("eager", "fp32", epochs=1, learn_steps=1)
-    s_c, p_c, _ = run_epochs("graph", "fp32", epochs=1, learn_steps=1, compile_=True, **compiled)
+    kw = dict(epochs=1, learn_steps=1, forecast=forecast)
+    s_e, p_e, _ = run_epochs("eager", "fp32", **kw)
+    s_c, p_c, _ = run_epochs("graph", "fp32", compile_=True, **kw, **compiled)
     for k in s_e[0]:
         assert s_c[0][k] == pytest.approx(s_e[0][k], rel=1e-4, abs=1e-6), k
     torch.testing.assert_close(p_c, p_e, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_compiled_and_captured_step_matches_eager_within_float_tolerance():
+@pytest.mark.parametrize("forecast", [False, True])
+def test_compiled_and_captured_step_matches_eager_within_float_tolerance(forecast):
     """The GPU default path (torch.compile'd loss and update inside CUDA graphs): inductor
-    fuses differently, so within float tolerance, one epoch with one learning step."""
-    assert_compiled_step_matches_eager()
+    fuses differently, so within float tolerance, one epoch with one learning step. With the
+    forecast column on by default this failed on an H100 (2026-12-07, its report lost), with
+    the AOT cases that compare with eager: the two cases tell the column from the rest."""
+    assert_compiled_step_matches_eager(forecast)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
