@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from foxhunt.train import data as data_module
 from foxhunt.train.agents.common import Observation
 from foxhunt.train.agents.dqn import (
     IN_DIM,
@@ -778,7 +779,7 @@ def test_memory_is_the_order_flows_moving_average_up_to_each_bar(decay):
         data.use_memory(0.25)
 
 
-def test_the_forecast_is_the_train_range_s_ridge_standardised_and_reads_no_later_bar():
+def test_the_forecast_is_the_train_range_s_ridge_standardised_and_reads_no_later_bar(monkeypatch):
     """Against numpy's least squares on the ridge's augmented system over the 58 normalised
     columns, standardised on the train range; bars after the range, changed, leave the fit and
     every earlier bar's forecast as they were; the state carries it after the portfolio."""
@@ -822,13 +823,19 @@ def test_the_forecast_is_the_train_range_s_ridge_standardised_and_reads_no_later
     assert not s[:, 62:].any()
     # After a resume file's fit is restored into new data, the column is scored again from it.
     fresh = market(mkt, close)
+    fitted = fresh.forecast.clone()
     fresh.forecast.zero_()
     fresh.score_forecast()
-    assert torch.equal(fresh.forecast, data.forecast)
+    assert torch.equal(fresh.forecast, fitted)
     bare = MarketData(mkt[:, :42], mkt[:, 42:], np.stack([close] * 4, 1), torch.device("cpu"))
     bare.use_forecast()
     with pytest.raises(ValueError, match="use_memory after use_forecast"):
         bare.use_memory(0.5)
+    # In blocks of rows (2M bars' float64 columns at once would take ~1 GB), the same fit.
+    monkeypatch.setattr(data_module, "FORECAST_ROWS", 64)
+    blocks = market(mkt, close)
+    torch.testing.assert_close(blocks.forecast_w, data.forecast_w, rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(blocks.forecast, data.forecast, rtol=1e-5, atol=1e-5)
 
 
 def test_the_state_is_market_memory_portfolio_then_zeros():

@@ -28,7 +28,8 @@ N_MEMORY = 8  # the order-flow columns, the last 8 of the 50: the memory average
 SCAN_BLOCK = 32  # rows per block of `ema`'s scan
 CLIP = 10.0  # normalised values beyond +-10 standard deviations are clipped
 RIDGE_L2 = 1e-3  # ridge penalty, relative to the bar count (the columns are normalised)
-FORECAST_ROWS = 1 << 18  # bars scored at a time: float64 columns of 2M bars would take ~1 GB
+FORECAST_ROWS = 1 << 18  # bars a block of the forecast's fit and scores: float64 columns of
+# 2M bars at once would take ~1 GB
 
 
 @dataclass
@@ -145,13 +146,24 @@ class MarketData:
         if self.memory is not None:
             _fit(self.memory[lo:hi], self.memory_mean, self.memory_inv_std)
         if self.forecast is not None:
-            # ret1[t] is bar t + 1's return: the last bar of the range has none inside it.
-            t = torch.arange(lo, hi - 1, device=self.device)
-            self.forecast_w.copy_(fit_ridge(self.forecast_columns(t), self.ret1.index_select(0, t)))
+            self.forecast_w.copy_(self._fit_forecast(lo, hi))
             score = self._forecast_scores()
             self.forecast_mean.copy_(score[lo:hi].mean())
             self.forecast_std.copy_(score[lo:hi].std())
             self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
+
+    def _fit_forecast(self, lo: int, hi: int) -> torch.Tensor:
+        """The ridge regression of ret1 on `forecast_columns` over the train range [lo, hi),
+        its sums taken FORECAST_ROWS bars at a time (one block: `fit_ridge`'s numbers)."""
+        # ret1[t] is bar t + 1's return: the last bar of the range has none inside it.
+        if hi - 1 <= lo:
+            raise ValueError(f"forecast: the train range [{lo}, {hi}) holds no bar's return")
+        gram = xty = None
+        for a in range(lo, hi - 1, FORECAST_ROWS):
+            t = torch.arange(a, min(a + FORECAST_ROWS, hi - 1), device=self.device)
+            g, b = ridge_sums(self.forecast_columns(t), self.ret1.index_select(0, t))
+            gram, xty = (g, b) if gram is None else (gram + g, xty + b)
+        return ridge_solve(gram, xty, hi - 1 - lo)
 
     def score_forecast(self) -> None:
         """The forecast column again from the fitted weights and statistics, as `fit_normaliser`
@@ -198,12 +210,24 @@ def standardised(score: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> 
 
 def fit_ridge(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Weights [d + 1] (bias last) of ridge regression, in float64."""
+    return ridge_solve(*ridge_sums(x, y), len(x))
+
+
+def ridge_sums(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """X'X and X'y of the rows of x with a bias column, float64: the sums a ridge regression
+    solves, which add up over blocks of rows."""
     x, y = x.double(), y.double()
-    n, d = x.shape
-    xb = torch.cat([x, x.new_ones(n, 1)], 1)
-    reg = torch.eye(d + 1, dtype=x.dtype, device=x.device) * (RIDGE_L2 * n)
+    xb = torch.cat([x, x.new_ones(len(x), 1)], 1)
+    return xb.T @ xb, xb.T @ y
+
+
+def ridge_solve(gram: torch.Tensor, xty: torch.Tensor, n: int) -> torch.Tensor:
+    """The ridge weights from `ridge_sums` over n rows, the penalty RIDGE_L2 * n on every
+    weight but the bias."""
+    d = gram.shape[0] - 1
+    reg = torch.eye(d + 1, dtype=gram.dtype, device=gram.device) * (RIDGE_L2 * n)
     reg[d, d] = 0.0  # the bias is not penalised
-    return torch.linalg.solve(xb.T @ xb + reg, xb.T @ y)
+    return torch.linalg.solve(gram + reg, xty)
 
 
 def linear_score(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
