@@ -1,6 +1,7 @@
 """A float64 running sum on a GPU: torch's (CUB's device-wide scan) against foxhunt.train.scan's
-ordered form (two levels of torch's row scans), at an evaluation range's length (290k bars),
-the replay's (1M slots) and a stack of 8 replays' (8M).
+(three Triton kernels) and its fallback where Triton is missing (`scan.rows_scan`, two levels
+of torch's row scans), at an evaluation range's length (290k bars), the replay's (1M slots) and
+a stack of 8 replays' (8M): docs/gpu-step.md's table.
 
     python3 bench/bench_scan.py          on a CUDA device
 
@@ -30,7 +31,11 @@ def main() -> None:
         sys.exit("bench_scan needs a CUDA device")
     g = torch.Generator(device="cuda").manual_seed(0)
     print(f"{'values':>9}  {'form':<8} {'us a call':>9}  same every run  from CUB's, at most")
-    forms = {"CUB": lambda x: torch.cumsum(x, 0), "ordered": scan.cumsum}
+    forms = {
+        "CUB": lambda x: torch.cumsum(x, 0),
+        "Triton": scan.cumsum,
+        "rows": lambda x: scan.rows_scan(x, "sum"),
+    }
     for n in SIZES:
         x = torch.rand(n, device="cuda", dtype=torch.float64, generator=g)
         cub = torch.cumsum(x, 0)

@@ -21,7 +21,6 @@ they are torch's own scans, which walk the tensor in order.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
@@ -59,7 +58,6 @@ def _ordered(x: torch.Tensor) -> bool:
     return x.is_cuda and x.is_floating_point()
 
 
-@functools.cache
 def _has_triton() -> bool:
     return triton is not None
 
