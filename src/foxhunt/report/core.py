@@ -403,7 +403,9 @@ def _comparison_md(rep: dict) -> list[str]:
                 "",
                 "ridge and ridge_cost read the bar's 50 columns; ridge_memory and "
                 "ridge_memory_cost read what the agent sees, the 50 columns and its memory of "
-                "the order flow (the env's `memory_decay`).",
+                "the order flow (the env's `memory_decay`). With the env's `forecast` (the "
+                "default) an RL agent also sees ridge_memory's forecast as a column of its "
+                "state.",
             ]
     return lines
 

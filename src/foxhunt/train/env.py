@@ -81,13 +81,14 @@ class EnvConfig:
     factor a bar (`foxhunt.train.data.ema`; 0.5: half the weight on bar t itself). The order
     flow shows a persistent pressure only in part each bar, so its recent average estimates
     the pressure better than one bar does. None: the bar's columns alone."""
-    forecast: bool = False
+    forecast: bool = True
     """The agents also see a linear forecast of the next bar's return: a ridge regression of
     it on the columns they see (the 50 and the memory), fitted in closed form on each fold's
     train range and standardised there (`foxhunt.train.data.MarketData.use_forecast`; the
     `ridge_memory` baseline's forecast). A network then need not find that linear read by
     gradient steps on noisy rewards, where the closed form does better on the demo market
-    (docs/learning-notes.md)."""
+    (docs/features.md has each agent with and without it). False (`--env.no-forecast`): the
+    state without it, as before 2026-12-07."""
 
     def __post_init__(self) -> None:
         if self.orders not in ("branches", "full_market"):
