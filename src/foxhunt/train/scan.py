@@ -12,7 +12,7 @@ sums.
 On a GPU `cumsum` and `cumprod` here run three Triton kernels in a fixed order: each row of ROW
 elements scanned in its program (a block's scan, a fixed tree), the rows' totals scanned in one
 program, block after block, and each row scanned again and combined with the total of the rows
-before it. On an H100 that took 10.0 us over 1M float64 values against CUB's 8.5 us
+before it. On an H100 that took 10.1 us over 1M float64 values against CUB's 9.1 us
 (`bench/bench_scan.py`; docs/gpu-step.md), fast enough for the replay's scan each learning
 step. Where Triton is missing on a GPU, `rows_scan` does the same with torch's row kernels (two
 levels, one block a row, no look-back): the same every run too, six times slower. On the CPU
