@@ -89,7 +89,7 @@ def assert_compiled_step_matches_eager(forecast: bool | None = None, **compiled)
     Why a few: Adam's eps (1.5e-4) is far above most gradients at the first step, so such a
     weight moves by lr * g / eps, linear in g, and a gradient that is a sum nearly cancelling
     keeps few correct digits under another summation order; a ReLU at its boundary, which the
-    two kernels may resolve either way, changes a whole row of them. On an H100 (2026-12-07,
+    two kernels may resolve either way, can change a whole row of them. On an H100 (2026-12-07,
     the forecast column on) 6 of 523,482 weights fell outside, at most 5e-6 apart, the two
     farthest in one row of the second layer. A wrong compiled step moves most weights by up to
     2 lr, a tie only a few, so: at most 1 in 10,000 outside float tolerance, none more than lr
