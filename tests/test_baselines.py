@@ -14,7 +14,6 @@ from foxhunt.train.baselines import (
     FLAT,
     NAMES,
     THRESHOLD_QUANTILES,
-    columns,
     constant_policy,
     evaluate_baselines,
     fit_logistic,
@@ -164,9 +163,9 @@ def test_the_baselines_walked_together_are_each_walked_alone(segments, device):
     want = {name: {p: alone(make(), p) for p in ("val", "test")} for name, make in policies.items()}
     t = torch.arange(0, 799, device=device)
     y = data.ret1[:799]
-    fits = {"ridge": scores(data, fit_ridge(columns(data, t), y)),
-            "logistic": scores(data, fit_logistic(columns(data, t), y)),
-            "ridge_memory": scores(data, fit_ridge(columns(data, t, True), y), True)}  # fmt: skip
+    fits = {"ridge": scores(data, fit_ridge(data.columns(t), y)),
+            "logistic": scores(data, fit_logistic(data.columns(t), y)),
+            "ridge_memory": scores(data, fit_ridge(data.columns(t, True), y), True)}  # fmt: skip
     for name, s in fits.items():
         want[name] = {p: alone(signal_policy(s), p) for p in ("val", "test")}
         mags = s[820:1100].abs().double()

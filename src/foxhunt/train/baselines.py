@@ -119,16 +119,9 @@ def fit_logistic(x: torch.Tensor, y: torch.Tensor, steps: int = 50) -> torch.Ten
     return w
 
 
-def columns(data, t: torch.Tensor, memory: bool = False) -> torch.Tensor:
-    """The normalised columns a baseline reads at bars `t` (the normaliser must be fitted on
-    the train range first): the 50 market columns, with `memory` the agents' memory beside."""
-    x = data.observe(t)
-    return torch.cat([x, data.remember(t)], 1) if memory else x
-
-
 def scores(data, w: torch.Tensor, memory: bool = False) -> torch.Tensor:
     """Prediction for every bar, float32 [N]."""
-    return linear_score(columns(data, torch.arange(data.n, device=data.device), memory), w).float()
+    return linear_score(data.columns(torch.arange(data.n, device=data.device), memory), w).float()
 
 
 def signals_policy(
@@ -194,12 +187,12 @@ def _deterministic_baselines(
     train range."""
     lo, hi = ranges["train"]
     t = torch.arange(lo, hi - 1, device=data.device)
-    x, y = columns(data, t), data.ret1.index_select(0, t)
+    x, y = data.columns(t), data.ret1.index_select(0, t)
     ridge = scores(data, fit_ridge(x, y))
     logit = scores(data, fit_logistic(x, y))
     signals = {"ridge": ridge, "logistic": logit}
     if data.memory is not None:
-        signals["ridge_memory"] = scores(data, fit_ridge(columns(data, t, True), y), True)
+        signals["ridge_memory"] = scores(data, fit_ridge(data.columns(t, True), y), True)
 
     # The chains: (name, signal row, threshold); rows 0 and 1 the constants 0 and 1.
     vlo, vhi = ranges["val"]

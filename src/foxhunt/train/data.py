@@ -153,15 +153,18 @@ class MarketData:
             self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
 
     def _fit_forecast(self, lo: int, hi: int) -> torch.Tensor:
-        """The ridge regression of ret1 on `forecast_columns` over the train range [lo, hi),
-        its sums taken FORECAST_ROWS bars at a time (one block: `fit_ridge`'s numbers)."""
+        """The ridge regression of ret1 on the `columns` the agents see over the train range
+        [lo, hi), its sums taken FORECAST_ROWS bars at a time (one block: `fit_ridge`'s
+        numbers)."""
         # ret1[t] is bar t + 1's return: the last bar of the range has none inside it.
         if hi - 1 <= lo:
             raise ValueError(f"forecast: the train range [{lo}, {hi}) holds no bar's return")
         gram = xty = None
         for a in range(lo, hi - 1, FORECAST_ROWS):
             t = torch.arange(a, min(a + FORECAST_ROWS, hi - 1), device=self.device)
-            g, b = ridge_sums(self.forecast_columns(t), self.ret1.index_select(0, t))
+            g, b = ridge_sums(
+                self.columns(t, self.memory is not None), self.ret1.index_select(0, t)
+            )
             gram, xty = (g, b) if gram is None else (gram + g, xty + b)
         return ridge_solve(gram, xty, hi - 1 - lo)
 
@@ -172,18 +175,18 @@ class MarketData:
             score = self._forecast_scores()
             self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
 
-    def forecast_columns(self, t: torch.Tensor) -> torch.Tensor:
-        """The normalised columns the forecast reads at bars `t`, float64 [len(t), d]."""
+    def columns(self, t: torch.Tensor, memory: bool = False) -> torch.Tensor:
+        """The normalised columns a linear read takes at bars `t` (the forecast, the baselines):
+        the 50 market columns, with `memory` the memory's 8 beside them, [len(t), 50 or 58]."""
         x = self.observe(t)
-        if self.memory is not None:
-            x = torch.cat([x, self.remember(t)], 1)
-        return x.double()
+        return torch.cat([x, self.remember(t)], 1) if memory else x
 
     def _forecast_scores(self) -> torch.Tensor:
         """The ridge forecast of every bar, float64 [N], FORECAST_ROWS bars at a time."""
         return torch.cat([
-            linear_score(self.forecast_columns(torch.arange(a, min(a + FORECAST_ROWS, self.n),
-                                                           device=self.device)), self.forecast_w)
+            linear_score(self.columns(torch.arange(a, min(a + FORECAST_ROWS, self.n),
+                                                   device=self.device), self.memory is not None),
+                         self.forecast_w)
             for a in range(0, self.n, FORECAST_ROWS)
         ])  # fmt: skip
 
