@@ -52,18 +52,14 @@ def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
 
 
 def load_normaliser(data, tensors) -> None:
-    """A checkpoint's normaliser (and its memory's and forecast's, where it has them) into
-    `data`."""
-    data.mean.copy_(tensors["norm.mean"])
-    data.inv_std.copy_(tensors["norm.inv_std"])
-    if "norm.memory_mean" in tensors:
-        data.memory_mean.copy_(tensors["norm.memory_mean"])
-        data.memory_inv_std.copy_(tensors["norm.memory_inv_std"])
-    if "norm.forecast_w" in tensors:
-        data.forecast_w.copy_(tensors["norm.forecast_w"])
-        data.forecast_mean.copy_(tensors["norm.forecast_mean"])
-        data.forecast_std.copy_(tensors["norm.forecast_std"])
-        data.score_forecast()
+    """A checkpoint's normaliser into `data`: the tensors `common.normaliser` names for what
+    the data holds (its memory's and forecast's statistics too), the forecast column scored
+    again from them."""
+    from foxhunt.train.agents.common import normaliser
+
+    for name, t in normaliser(data).items():
+        t.copy_(tensors[name])
+    data.score_forecast()
 
 
 def served_and_trained_orders(demo, ckpt, build, lo: int = 2000, n: int = 300):
