@@ -134,6 +134,45 @@ def test_ridge_memory_reads_the_agents_columns_and_only_where_the_data_holds_the
     assert out["ridge_memory"]["test"]["sharpe"] == pytest.approx(want["sharpe"], rel=1e-6)
 
 
+def test_the_statistics_know_the_range_they_were_fitted_on_until_written():
+    data = random_market(900)
+    data.use_memory(0.5)
+    assert not data.fitted_on(0, 500)  # never fitted
+    data.fit_normaliser(0, 500)
+    assert data.fitted_on(0, 500) and not data.fitted_on(0, 501)
+    data.use_forecast()  # a new column, not fitted yet
+    assert not data.fitted_on(0, 500)
+    data.fit_normaliser(0, 500)
+    assert data.fitted_on(0, 500)
+    for name, t in data.statistics().items():  # a restored resume file writes each in place
+        t.copy_(t.clone())
+        assert not data.fitted_on(0, 500), name
+        data.fit_normaliser(0, 500)
+    data.forecast.copy_(data.forecast.clone())
+    assert not data.fitted_on(0, 500)
+
+
+def test_the_baselines_fit_the_statistics_only_where_they_are_not_the_train_ranges(monkeypatch):
+    data = random_market(900)
+    data.use_memory(0.5)
+    data.use_forecast()
+    ev = Evaluator(EnvConfig(), data, 1)
+    ranges = {"train": (0, 500), "val": (520, 700), "test": (720, 900)}
+    want = evaluate_baselines(ev, data, ranges, 98_000.0, seed=0)  # fits them
+    fits = []
+    fit = data.fit_normaliser
+    monkeypatch.setattr(data, "fit_normaliser", lambda lo, hi: fits.append((lo, hi)) or fit(lo, hi))
+    assert evaluate_baselines(ev, data, ranges, 98_000.0, seed=0) == want and fits == []
+    data.fit_normaliser(0, 400)  # another fold's range: fitted again, the same figures
+    fits.clear()
+    assert evaluate_baselines(ev, data, ranges, 98_000.0, seed=0) == want
+    assert fits == [(0, 500)]
+    data.mean.copy_(data.mean + 1.0)  # written since: fitted again
+    fits.clear()
+    assert evaluate_baselines(ev, data, ranges, 98_000.0, seed=0) == want
+    assert fits == [(0, 500)]
+
+
 @pytest.mark.parametrize(
     "segments, device",
     [(1, "cpu"), (7, "cpu"), (64, "cpu"), pytest.param(64, "cuda", marks=pytest.mark.gpu)],

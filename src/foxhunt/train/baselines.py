@@ -150,7 +150,8 @@ def evaluate_baselines(
     known: dict | None = None,
 ) -> dict[str, dict[str, dict]]:
     """Every baseline's val and test metrics on one fold: {name: {"val": m, "test": m}}.
-    Fits the data's normaliser on the train range (as the agent does).
+    With the data's normaliser fitted on the train range (as the agent's fold reset fits it:
+    fitted again only where it was not, `MarketData.fitted_on`).
 
     The deterministic baselines walk each range together, one chain each (`Evaluator`'s
     chains, in `evaluator`'s pieces): flat and buy and hold as the signals 0 and 1, each signal
@@ -163,7 +164,8 @@ def evaluate_baselines(
     data). The deterministic baselines do not depend on the seed: a fold's are walked by the
     first task that asks and read from it by the others (a copy each)."""
     lo, hi = ranges["train"]
-    data.fit_normaliser(lo, hi)
+    if not data.fitted_on(lo, hi):  # the agent's fold reset fitted them there, as a rule
+        data.fit_normaliser(lo, hi)
     gen = torch.Generator(device=data.device).manual_seed(seed * 7919 + lo)
     out = {"random": {}}
     for part in ("val", "test"):  # val then test, from one generator

@@ -95,6 +95,9 @@ class MarketData:
         self.memory: torch.Tensor | None = None  # `use_memory`
         self.memory_decay: float | None = None
         self.forecast: torch.Tensor | None = None  # `use_forecast`
+        # The range the statistics were last fitted on, with their tensors' version counters
+        # then (`fitted_on`).
+        self._fitted: tuple | None = None
 
     @classmethod
     def from_fxcache(cls, cache, device: torch.device, pin: bool | None = None) -> MarketData:
@@ -151,6 +154,35 @@ class MarketData:
             self.forecast_mean.copy_(score[lo:hi].mean())
             self.forecast_std.copy_(score[lo:hi].std())
             self.forecast.copy_(standardised(score, self.forecast_mean, self.forecast_std))
+        self._fitted = (lo, hi, self._versions())
+
+    def fitted_on(self, lo: int, hi: int) -> bool:
+        """Whether the statistics are what `fit_normaliser(lo, hi)` left, not written since (a
+        restored resume file, a loaded checkpoint) nor joined by columns (`use_memory`,
+        `use_forecast`): a caller that needs them fitted on [lo, hi) may then skip the fit."""
+        return self._fitted is not None and self._fitted == (lo, hi, self._versions())
+
+    def _versions(self) -> tuple[int, ...] | None:
+        """The version counters of the statistics and the forecast column (each in-place write
+        advances its tensor's), None where they keep none (tensors made in inference mode)."""
+        tensors = [*self.statistics().values(), *([] if self.forecast is None else [self.forecast])]
+        try:
+            return tuple(t._version for t in tensors)
+        except RuntimeError:
+            return None
+
+    def statistics(self) -> dict[str, torch.Tensor]:
+        """The fold's normaliser as checkpoints and resume files name it (live tensors): the
+        columns' statistics, the memory's where the data holds the memory, and the forecast's
+        weights and statistics where it holds the forecast (the column itself is computed from
+        them: `score_forecast`)."""
+        st = {"norm.mean": self.mean, "norm.inv_std": self.inv_std}
+        if self.memory is not None:
+            st |= {"norm.memory_mean": self.memory_mean, "norm.memory_inv_std": self.memory_inv_std}
+        if self.forecast is not None:
+            st |= {"norm.forecast_w": self.forecast_w, "norm.forecast_mean": self.forecast_mean,
+                   "norm.forecast_std": self.forecast_std}  # fmt: skip
+        return st
 
     def _fit_forecast(self, lo: int, hi: int) -> torch.Tensor:
         """The ridge regression of ret1 on the `columns` the agents see over the train range

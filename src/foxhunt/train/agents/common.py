@@ -479,18 +479,10 @@ def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketD
 
 
 def normaliser(data: MarketData) -> dict[str, torch.Tensor]:
-    """The fold's normaliser as checkpoints and resume files name it (live tensors), the
-    memory's statistics with it where the data holds the memory, and the forecast's weights
-    and statistics where it holds the forecast (the column itself is computed from them:
-    `MarketData.score_forecast`). (Its decay, a setting that
-    training does not change, goes into checkpoints alone: `core.save_checkpoint`.)"""
-    st = {"norm.mean": data.mean, "norm.inv_std": data.inv_std}
-    if data.memory is not None:
-        st["norm.memory_mean"], st["norm.memory_inv_std"] = data.memory_mean, data.memory_inv_std
-    if data.forecast is not None:
-        st["norm.forecast_w"] = data.forecast_w
-        st["norm.forecast_mean"], st["norm.forecast_std"] = data.forecast_mean, data.forecast_std
-    return st
+    """The fold's normaliser as checkpoints and resume files name it (live tensors):
+    `MarketData.statistics`. (The memory's decay, a setting that training does not change, goes
+    into checkpoints alone: `core.save_checkpoint`.)"""
+    return data.statistics()
 
 
 def state_mismatch(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
