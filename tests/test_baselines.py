@@ -150,6 +150,10 @@ def test_the_statistics_know_the_range_they_were_fitted_on_until_written():
         data.fit_normaliser(0, 500)
     data.forecast.copy_(data.forecast.clone())
     assert not data.fitted_on(0, 500)
+    with torch.inference_mode():  # tensors that keep no version counter: never taken as fitted
+        made = random_market(900)
+        made.fit_normaliser(0, 500)
+    assert not made.fitted_on(0, 500)
 
 
 def test_the_baselines_fit_the_statistics_only_where_they_are_not_the_train_ranges(monkeypatch):

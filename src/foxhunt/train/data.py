@@ -160,11 +160,13 @@ class MarketData:
         """Whether the statistics are what `fit_normaliser(lo, hi)` left, not written since (a
         restored resume file, a loaded checkpoint) nor joined by columns (`use_memory`,
         `use_forecast`): a caller that needs them fitted on [lo, hi) may then skip the fit."""
-        return self._fitted is not None and self._fitted == (lo, hi, self._versions())
+        versions = self._versions()
+        return versions is not None and self._fitted == (lo, hi, versions)
 
     def _versions(self) -> tuple[int, ...] | None:
         """The version counters of the statistics and the forecast column (each in-place write
-        advances its tensor's), None where they keep none (tensors made in inference mode)."""
+        advances its tensor's), None where they keep none (tensors made in inference mode: then
+        nothing counts as fitted)."""
         tensors = [*self.statistics().values(), *([] if self.forecast is None else [self.forecast])]
         try:
             return tuple(t._version for t in tensors)
