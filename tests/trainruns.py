@@ -52,12 +52,10 @@ def drive(agent, folds, fold_seeds: list[int], epochs: int = 2) -> list[dict]:
 
 
 def load_normaliser(data, tensors) -> None:
-    """A checkpoint's normaliser into `data`: the tensors `common.normaliser` names for what
-    the data holds (its memory's and forecast's statistics too), the forecast column scored
-    again from them."""
-    from foxhunt.train.agents.common import normaliser
-
-    for name, t in normaliser(data).items():
+    """A checkpoint's normaliser into `data`: the tensors `MarketData.statistics` names for
+    what the data holds (its memory's and forecast's statistics too), the forecast column
+    scored again from them."""
+    for name, t in data.statistics().items():
         t.copy_(tensors[name])
     data.score_forecast()
 

@@ -53,7 +53,6 @@ from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
 from foxhunt.train import distributed
 from foxhunt.train.agents import AGENTS, SUPERVISED, Agent, agent_class
-from foxhunt.train.agents.common import normaliser
 from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.dqn_stacked import StackedRainbow, stackable
 from foxhunt.train.agents.ppo import PPOConfig
@@ -548,7 +547,7 @@ def save_checkpoint(
     from safetensors.torch import save_file
 
     tensors = {k: v.detach().cpu().contiguous() for k, v in agent.weights().items()}
-    tensors |= {k: v.cpu() for k, v in normaliser(data).items()}
+    tensors |= {k: v.cpu() for k, v in data.statistics().items()}
     if data.memory_decay is not None:  # what `foxhunt.train.policy` computes the memory with
         tensors["norm.memory_decay"] = torch.tensor(data.memory_decay, dtype=torch.float64)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -177,7 +177,8 @@ class MarketData:
         """The fold's normaliser as checkpoints and resume files name it (live tensors): the
         columns' statistics, the memory's where the data holds the memory, and the forecast's
         weights and statistics where it holds the forecast (the column itself is computed from
-        them: `score_forecast`)."""
+        them: `score_forecast`). The memory's decay, a setting that training does not change,
+        goes into checkpoints alone (`core.save_checkpoint`)."""
         st = {"norm.mean": self.mean, "norm.inv_std": self.inv_std}
         if self.memory is not None:
             st |= {"norm.memory_mean": self.memory_mean, "norm.memory_inv_std": self.memory_inv_std}

@@ -475,14 +475,7 @@ def run_state(env, opt: torch.optim.Optimizer, flat: torch.Tensor, data: MarketD
     st = {f"opt.{k}": v for k, v in opt.state.get(flat, {}).items() if torch.is_tensor(v)}
     for k in ("t", "pos", "entry", "hold", "steps", "lo", "hi", "episode_bars"):
         st[f"env.{k}"] = getattr(env, k)
-    return st | normaliser(data)
-
-
-def normaliser(data: MarketData) -> dict[str, torch.Tensor]:
-    """The fold's normaliser as checkpoints and resume files name it (live tensors):
-    `MarketData.statistics`. (The memory's decay, a setting that training does not change, goes
-    into checkpoints alone: `core.save_checkpoint`.)"""
-    return data.statistics()
+    return st | data.statistics()
 
 
 def state_mismatch(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> str | None:
