@@ -9,6 +9,10 @@ compile cache.
                                                                  torch.compile (the default), ahead
                                                                  of time (AOTInductor; --aot), or
                                                                  the DQN's auto (aot where it can)
+                                [--profile-start]                then a third process, warm,
+                                                                 under cProfile: 1 epoch of the
+                                                                 first fold, the functions that
+                                                                 took longest
     python3 bench/bench_plan.py --cpu-smoke                      tiny sizes on the CPU
 
 The standard market (foxhunt.bench.workload: 2,000,000 bars) is published as an fxcache with
@@ -108,6 +112,9 @@ def main() -> None:
                     "else torch.compile; the mode chosen is printed)")  # fmt: skip
     ap.add_argument("--aot", action="store_const", const="aot", dest="compile_mode",
                     help="--compile-mode aot")  # fmt: skip
+    ap.add_argument("--profile-start", action="store_true",
+                    help="after the warm process, a third under cProfile (1 epoch of the first "
+                    "fold): where a warm task's start goes")  # fmt: skip
     args = ap.parse_args()
     if args.compile_mode == "auto" and args.model != "dqn":
         ap.error("--compile-mode auto: the DQN's alone")
@@ -182,7 +189,35 @@ def main() -> None:
                           f"{max(vp)} at most, {vp.count(VAL_PASSES)} of {len(vp)} epochs at the "
                           f"cap of {VAL_PASSES}", flush=True)  # fmt: skip
             out.write_text(json.dumps(res, indent=1))
+        if args.profile_start:
+            profile_start(root, cfg | {"out": str(root / "runs-profiled"), "epochs": 1,
+                                       "fold_ids": fold_ids[:1]}, src)  # fmt: skip
     print(f"results in {out}")
+
+
+def profile_start(root: Path, cfg: dict, src: str, rows: int = 30) -> None:
+    """A warm process under cProfile (`cfg`: 1 epoch of one fold): foxhunt's functions with the
+    largest cumulative times, and all functions with the largest own times. The profiler slows
+    Python code, so its times are for finding where the start goes, not figures."""
+    import pstats
+
+    child, prof = root / "child.py", root / "start.prof"
+    child.write_text(CHILD)
+    p = subprocess.run(
+        [sys.executable, "-m", "cProfile", "-o", str(prof), str(child), str(time.time()), src,
+         json.dumps(cfg)], capture_output=True, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines or not prof.exists():
+        print(f"profiled start: FAILED (rc {p.returncode}): {p.stderr[-2000:]}", flush=True)
+        return
+    r = json.loads(lines[-1])
+    print(f"profiled warm process (1 epoch of one fold): imports done at {r['imports_s']:.2f} s, "
+          f"first epoch began at {r['first_epoch_start_s']:.2f} s, results at "
+          f"{r['total_s']:.2f} s", flush=True)  # fmt: skip
+    stats = pstats.Stats(str(prof))
+    stats.sort_stats("cumulative").print_stats("foxhunt", rows)
+    stats.sort_stats("tottime").print_stats(rows // 2)
 
 
 if __name__ == "__main__":
