@@ -202,6 +202,30 @@ def test_bench_train_cpu_smoke_times_every_kind_of_variant(tmp_path):
         assert res[v]["train_epoch"][0] > 0 and res[v]["params"] > 0, v
 
 
+def test_bench_plan_cpu_smoke_times_both_processes_and_profiles_a_warm_start(tmp_path):
+    """bench/bench_plan.py (the plan and task-start figures of docs/performance.md) on the CPU:
+    the cold and the warm process each train every epoch of the fold and give their marks in
+    order, and `--profile-start` lists foxhunt's training functions from a third process."""
+    import os
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "bench/bench_plan.py", "--cpu-smoke", "--epochs", "2", "--folds", "1",
+         "--profile-start"],
+        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+        env=os.environ | {"OUT": str(tmp_path / "results")}, timeout=600,
+    )  # fmt: skip
+    assert out.returncode == 0 and "FAILED" not in out.stdout, out.stdout + out.stderr[-2000:]
+    res = json.loads((tmp_path / "results" / "bench_plan.json").read_text())
+    for phase in ("cold cache", "warm cache"):
+        r = res[phase]
+        assert r["epochs"] == 2 and r["folds"] == 1, r
+        assert 0 < r["imports_s"] < r["first_epoch_start_s"] < r["first_epoch_s"] < r["total_s"]
+    assert "profiled warm process (1 epoch of one fold)" in out.stdout, out.stdout
+    assert "foxhunt/train/core.py" in out.stdout and "(run_train)" in out.stdout, out.stdout
+
+
 def test_bench_eval_cpu_smoke_gives_the_same_returns_at_every_piece_count():
     """bench/bench_eval.py (the evaluation rows of docs/task-start.md) on the CPU: a row per
     policy and piece count, each with the first count's returns."""
