@@ -153,16 +153,8 @@ def main() -> None:
             phases["warm cache again"] = False
         for phase, compile_eval in phases.items():
             run_cfg = cfg | {"out": str(root / f"runs-{len(res)}"), "compile_eval": compile_eval}
-            p = subprocess.run(
-                [sys.executable, "-c", CHILD, str(time.time()), src, json.dumps(run_cfg)],
-                capture_output=True, text=True, env=os.environ.copy(),
-            )  # fmt: skip
-            lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-            r = (
-                json.loads(lines[-1])
-                if lines
-                else child_failure(p, f"bench_plan-{phase.replace(' ', '-')}")
-            )
+            p, r = run_child(["-c", CHILD], run_cfg, src)
+            r = r or child_failure(p, f"bench_plan-{phase.replace(' ', '-')}")
             res[phase] = r
             if "error" in r:
                 print(f"{phase}: FAILED (rc {r['rc']}; {r['log']}): {r['error']}", flush=True)
@@ -195,6 +187,17 @@ def main() -> None:
     print(f"results in {out}")
 
 
+def run_child(how: list[str], cfg: dict, src: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """The training process (`CHILD`, run as `python3 *how`) over `cfg`, timed from now: the
+    process and the marks it printed (empty where it printed none)."""
+    p = subprocess.run(
+        [sys.executable, *how, str(time.time()), src, json.dumps(cfg)],
+        capture_output=True, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    return p, json.loads(lines[-1]) if lines else {}
+
+
 def profile_start(root: Path, cfg: dict, src: str, rows: int = 30) -> None:
     """A warm process under cProfile (`cfg`: 1 epoch of one fold): foxhunt's functions with the
     largest cumulative times, and all functions with the largest own times. The profiler slows
@@ -203,15 +206,10 @@ def profile_start(root: Path, cfg: dict, src: str, rows: int = 30) -> None:
 
     child, prof = root / "child.py", root / "start.prof"
     child.write_text(CHILD)
-    p = subprocess.run(
-        [sys.executable, "-m", "cProfile", "-o", str(prof), str(child), str(time.time()), src,
-         json.dumps(cfg)], capture_output=True, text=True, env=os.environ.copy(),
-    )  # fmt: skip
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode or not lines or not prof.exists():
+    p, r = run_child(["-m", "cProfile", "-o", str(prof), str(child)], cfg, src)
+    if p.returncode or not r or not prof.exists():
         print(f"profiled start: FAILED (rc {p.returncode}): {p.stderr[-2000:]}", flush=True)
         return
-    r = json.loads(lines[-1])
     print(f"profiled warm process (1 epoch of one fold): imports done at {r['imports_s']:.2f} s, "
           f"first epoch began at {r['first_epoch_start_s']:.2f} s, results at "
           f"{r['total_s']:.2f} s", flush=True)  # fmt: skip
