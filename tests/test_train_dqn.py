@@ -759,6 +759,34 @@ def test_normaliser_sees_only_the_train_range():
         torch.testing.assert_close(1 / inv_std.double(), x.std(0), rtol=1e-5, atol=1e-6)
 
 
+def test_the_device_copy_holds_the_cache_s_columns_in_float32_from_read_only_maps(tmp_path):
+    """The columns go from the fxcache's read-only memory maps straight into the device tensors:
+    the same numbers as casting the concatenated arrays to float32 (the features in float64 as
+    well), the return computed in float64 before its cast, and the maps left as they were."""
+    rng = np.random.default_rng(7)
+    n = 500
+    close = 4800.0 * np.exp(np.cumsum(rng.normal(0, 3e-4, n)))
+    arrays = {
+        "features": rng.normal(size=(n, 42)),  # float64: cast on the way
+        "ofi": rng.normal(size=(n, 8)).astype(np.float32),
+        "targets": np.stack([close, close * 1.0002, close * 0.9998, close], 1),
+    }
+    maps = {}
+    for k, v in arrays.items():
+        np.save(tmp_path / f"{k}.npy", v)
+        maps[k] = np.load(tmp_path / f"{k}.npy", mmap_mode="r")
+    data = MarketData(maps["features"], maps["ofi"], maps["targets"], torch.device("cpu"))
+    mkt = np.concatenate([arrays["features"], arrays["ofi"]], axis=1, dtype=np.float32)
+    assert torch.equal(data.mkt, torch.from_numpy(mkt))
+    for i, col in enumerate((data.high, data.low, data.close)):
+        assert torch.equal(col, torch.from_numpy(arrays["targets"][:, i + 1].astype(np.float32)))
+    ret1 = np.append(close[1:] / close[:-1] - 1.0, 0.0).astype(np.float32)
+    assert torch.equal(data.ret1, torch.from_numpy(ret1))
+    assert data.upload.bytes == n * (50 + 3 + 1) * 4 and not data.upload.pinned
+    for k, v in arrays.items():
+        assert np.array_equal(np.load(tmp_path / f"{k}.npy"), v)
+
+
 @pytest.mark.parametrize("decay", [0.0, 0.5, 0.9])
 def test_memory_is_the_order_flows_moving_average_up_to_each_bar(decay):
     """Against a loop over the bars; a shorter history gives its bars' memory bit for bit (no
