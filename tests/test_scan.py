@@ -82,3 +82,30 @@ def test_the_scans_are_the_same_every_run_on_a_gpu(triton, monkeypatch):
     first = torch.cumsum(dx, 0)
     differ = sum(not torch.equal(torch.cumsum(dx, 0), first) for _ in range(19))
     print(f"torch.cumsum on CUDA differed from its first run in {differ} of 19 runs")
+
+
+def test_triton_s_key_is_hashed_once_on_a_thread_of_its_own(monkeypatch):
+    """`hash_triton_early` runs Triton's `triton_key` (here a stand-in module) on another
+    thread, once however often it is called; without Triton it does nothing."""
+    import sys
+    import threading
+    import types
+
+    monkeypatch.setattr(scan, "_hashing", None)
+    monkeypatch.setattr(scan, "triton", None)
+    scan.hash_triton_early()
+    assert scan._hashing is None
+    ran = []
+    cache = types.ModuleType("triton.runtime.cache")
+    cache.triton_key = lambda: ran.append(threading.current_thread().name)
+    for name, mod in (("triton", types.ModuleType("triton")),
+                      ("triton.runtime", types.ModuleType("triton.runtime")),
+                      ("triton.runtime.cache", cache)):  # fmt: skip
+        monkeypatch.setitem(sys.modules, name, mod)
+    monkeypatch.setattr(scan, "triton", sys.modules["triton"])
+    scan.hash_triton_early()
+    thread = scan._hashing
+    scan.hash_triton_early()
+    assert scan._hashing is thread
+    thread.join()
+    assert ran == ["triton-key"]

@@ -51,7 +51,7 @@ from foxhunt.folds.walkforward import FoldError, check_folds, fold_ranges
 from foxhunt.fsutil import clean_stale, temp_path, write_json_atomic
 from foxhunt.fxcache import FxCache, is_fxcache
 from foxhunt.provenance import code_version, new_run_id
-from foxhunt.train import distributed
+from foxhunt.train import distributed, scan
 from foxhunt.train.agents import AGENTS, SUPERVISED, Agent, agent_class
 from foxhunt.train.agents.dqn import DQNConfig
 from foxhunt.train.agents.dqn_stacked import StackedRainbow, stackable
@@ -649,6 +649,8 @@ def _run(
         use_compile_cache(Path(cfg.compile_cache))
     # Under torchrun: join the job (process group, this rank's GPU); else the device asked for.
     device = distributed.init(cfg.device) if distributed.launched() else pick_device(cfg.device)
+    if device.type == "cuda":
+        scan.hash_triton_early()  # while the cache is checked and uploaded
     try:
         cfg.agent_config().resolved(device)
     except ValueError as e:
