@@ -59,7 +59,7 @@ no replay, no n-step return, no C51 target or loss, and no pass over the full ou
 the real step does not make; the collection as usual: what an epoch would take if everything
 but the network cost nothing).
 
-Measured: the upload of the 2M bars (pinned, median of 3), the fold transition (reset of
+Measured: the upload of the 2M bars (pageable, median of 3), the fold transition (reset of
 weights, optimiser, replay, envs and normaliser; median of 20), epochs eager fp32, eager bf16 and
 captured (CUDA graphs) bf16 with the phase breakdown (collect, learn, val eval over 100k bars in
 1024 pieces), each as mean and 95% CI over the timed epochs, and whether eager and captured
