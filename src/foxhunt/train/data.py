@@ -70,13 +70,9 @@ class MarketData:
             "hlc": (targets[:, 1:4],),
             "ret1": (np.append(close64[1:] / close64[:-1] - 1.0, 0.0),),
         }
-        dev = {k: torch.empty((n, sum(_width(b) for b in bs)) if k != "ret1" else (n,),
-                              dtype=torch.float32, device=device)
-               for k, bs in blocks.items()}  # fmt: skip
         _sync(device)
         t0 = time.perf_counter()
-        for k, bs in blocks.items():
-            _upload(dev[k], bs, pin)
+        dev = {k: _upload(bs, device, pin) for k, bs in blocks.items()}
         _sync(device)
         self.upload = UploadStats(
             bytes=sum(v.numel() * v.element_size() for v in dev.values()),
@@ -332,27 +328,28 @@ def _check_values(dev: dict[str, torch.Tensor], names: list[str], n_features: in
         )
 
 
-def _width(block: np.ndarray) -> int:
-    return block.shape[1] if block.ndim == 2 else 1
-
-
-def _upload(dest: torch.Tensor, blocks: tuple[np.ndarray, ...], pin: bool) -> None:
-    """Copy the host column blocks `blocks` side by side into `dest` [n, k] (or [n]), as
-    float32. Each block goes straight from its host memory (a read-only memory map of the
-    fxcache) into its columns: no host copy of the whole, unless `pin`, where each block is
-    first converted into page-locked memory. Pageable is the default: pinning the standard
-    workload's 432 MB costs more than the copy it speeds up (docs/task-start.md)."""
+def _upload(blocks: tuple[np.ndarray, ...], device: torch.device, pin: bool) -> torch.Tensor:
+    """The host column blocks `blocks` ([n] or [n, k] each) side by side on `device`, float32:
+    [n] for one 1-D block, else [n, sum of k]. Each block goes straight from its host memory (a
+    read-only memory map of the fxcache) into its columns: no host copy of the whole, unless
+    `pin`, where each block is first converted into page-locked memory. Pageable is the
+    default: pinning the standard workload's 432 MB costs more than the copy it speeds up
+    (docs/task-start.md)."""
+    widths = [b.shape[1] if b.ndim == 2 else 1 for b in blocks]
+    flat = len(blocks) == 1 and blocks[0].ndim == 1
+    dest = torch.empty((len(blocks[0]),) if flat else (len(blocks[0]), sum(widths)),
+                       dtype=torch.float32, device=device)  # fmt: skip
     col = 0
-    for b in blocks:
-        w = _width(b)
+    for b, w in zip(blocks, widths, strict=True):
         with warnings.catch_warnings():  # a read-only map: the tensor is only read from
             warnings.filterwarnings("ignore", "The given NumPy array is not writable")
             src = torch.from_numpy(np.asarray(b)).to(torch.float32)
         if pin:
             src = src.pin_memory()
-        part = dest if dest.dim() == 1 else dest[:, col : col + w]
+        part = dest if flat else dest[:, col : col + w]
         part.copy_(src.view(part.shape), non_blocking=pin)
         col += w
+    return dest
 
 
 def _sync(device: torch.device) -> None:
