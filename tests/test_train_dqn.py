@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -540,6 +541,37 @@ def test_every_option_learns_a_finite_loss(opts):
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.params, strict=True))
     if opts.get("cql_alpha"):
         assert stats["losses/cql"] > 0
+
+
+@pytest.mark.parametrize("double_q", [True, False])
+def test_the_streamed_loss_s_pieces_give_the_loss_and_its_gradient(double_q):
+    """On a GPU under torch.compile the loss runs as pieces, the next states' forward passes on
+    CUDA streams of their own (dqn.NEXT_ON_STREAMS, `_streamed_loss`). Composed without streams
+    on a CPU, the pieces give `_loss`'s outputs and gradient bit for bit: each network's outputs
+    go where `_loss` puts them (the target network's weights moved off the online ones, so that
+    the two cannot stand in for each other unseen)."""
+    cfg = tiny(noisy=True, epsilon=0.0, dense_inputs=True, n_step=3, double_q=double_q)
+    agent = RainbowAgent(cfg, EnvConfig(episode_bars=50), random_data(), seed=0)
+    agent.reset_fold(0, 400, seed=0)
+    agent.collect()
+    with torch.no_grad():
+        agent.target_flat.add_(0.05 * torch.randn_like(agent.target_flat))
+    agent._pieces = SimpleNamespace(
+        sampled=agent._sampled, online=agent._online, next_target=agent._next_target,
+        next_online=agent._next_online, loss_of=agent._loss_of,
+    )  # fmt: skip
+    agent.side_streams = None
+    u = torch.rand(cfg.batch_size, generator=torch.Generator().manual_seed(1))
+    idx, w = agent.replay.sample(u)
+    got = []
+    for loss in (agent._loss, agent._streamed_loss):
+        agent._zero_grad()
+        out = loss(idx, w)
+        out[0].backward()
+        got.append(([x.detach() for x in out], torch.cat([p.grad.flatten() for p in agent.params])))
+    (want, g_want), (streamed, g_streamed) = got
+    assert all(torch.equal(a, b) for a, b in zip(want, streamed, strict=True))
+    assert torch.equal(g_want, g_streamed) and g_want.abs().sum() > 0
 
 
 def test_epsilon_anneals_over_the_first_part_of_the_fold():

@@ -30,6 +30,7 @@ def run_epochs(
     triton_target: bool | None = None,
     compile_mode: str = "default",
     forecast: bool | None = None,
+    streams: bool = True,
 ):
     data = gpu_data()
     cfg = DQNConfig(
@@ -42,6 +43,8 @@ def run_epochs(
     if forecast is not None:
         env = dataclasses.replace(env, forecast=forecast)
     agent = RainbowAgent(cfg, env, data, seed=7)
+    if not streams:  # the compiled loss's pieces (dqn.NEXT_ON_STREAMS) on the step's stream
+        agent.side_streams = None
     agent.ensure_optimizer_state()
     if capture == "graph":  # before the first fold is set, as foxhunt train does
         agent.capture()
@@ -111,6 +114,23 @@ def test_compiled_and_captured_step_matches_eager_within_float_tolerance(forecas
     fuses differently, so within float tolerance, one epoch with one learning step; with the
     forecast column and without."""
     assert_compiled_step_matches_eager(forecast)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_the_next_states_forwards_on_streams_give_the_one_stream_numbers(precision):
+    """dqn.NEXT_ON_STREAMS: the compiled loss runs as pieces, the next states' two forward
+    passes each on a CUDA stream of its own beside the online network's forward. Three epochs,
+    captured, give the numbers of the same pieces on the step's one stream, and of the streams
+    launched without CUDA graphs, bit for bit: the streams change when kernels run, not what
+    they compute."""
+    kw = dict(compile_=True)
+    s_s, p_s, pr_s = run_epochs("graph", precision, **kw)
+    for capture, streams in (("graph", False), ("eager", True)):
+        s_o, p_o, pr_o = run_epochs(capture, precision, streams=streams, **kw)
+        assert s_o == s_s, (capture, streams, s_o, s_s)
+        assert torch.equal(p_o, p_s) and torch.equal(pr_o, pr_s), (capture, streams)
+    assert s_s[-1]["losses/loss"] > 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -498,6 +498,37 @@ def copy_state(cur: dict[str, torch.Tensor], saved: dict[str, torch.Tensor]) -> 
             v.copy_(saved[k].to(v.device))
 
 
+def beside(streams: Sequence | None, fns: Sequence[Callable], *args) -> list:
+    """[fn(*args) for fn in fns], each launched on its own CUDA stream of `streams` once that
+    stream has waited for the current stream's work so far (one after another where `streams`
+    is None). The current stream goes on at once; `joined` makes it wait for the results."""
+    if streams is None:
+        return [fn(*args) for fn in fns]
+    main = torch.cuda.current_stream(streams[0].device)
+    out = []
+    for fn, s in zip(fns, streams, strict=False):  # as many streams as fns, or more
+        s.wait_stream(main)
+        with torch.cuda.stream(s):
+            out.append(fn(*args))
+    return out
+
+
+def joined(streams: Sequence | None, results: list) -> list:
+    """The current stream waits for the streams that made `results` (`beside`'s: tensors or
+    tuples of them), and marks each result's memory as in use on the current stream too, so
+    that its own stream's allocator does not hand it out again while the current stream may
+    still read it. Returns `results`."""
+    if streams is None:
+        return results
+    main = torch.cuda.current_stream(streams[0].device)
+    for s in streams[: len(results)]:
+        main.wait_stream(s)
+    for r in results:
+        for t in r if isinstance(r, (tuple, list)) else (r,):
+            t.record_stream(main)
+    return results
+
+
 def on_streams(items: Sequence, streams: Sequence | None, fn: Callable) -> None:
     """fn(item) for every item: each on its own CUDA stream where `streams` are given (the
     current stream waits for all of them before this returns), else one after another."""

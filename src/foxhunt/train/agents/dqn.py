@@ -40,6 +40,7 @@ import functools
 import itertools
 import math
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import ClassVar, Literal
 
 import torch
@@ -58,6 +59,7 @@ from foxhunt.train.agents.common import (
     Observation,
     Precision,
     autocast,
+    beside,
     capture_restoring,
     clip_and_step,
     compiled,
@@ -65,6 +67,7 @@ from foxhunt.train.agents.common import (
     ensure_adam_state,
     flat_optimiser,
     flatten_into_views,
+    joined,
     linear_relu,
     mark_step,
     module_weights,
@@ -100,6 +103,16 @@ SUPPORT_MARGIN = 1.5  # ... times this
 COMBO_KERNELS = True
 """A GPU agent's compiled steps launch a graph's independent small kernels as one (inductor's
 combo kernels, common.compiled); bench_train's `-nocombo` turns it off."""
+NEXT_ON_STREAMS = True
+"""A C51 agent's learning step under torch.compile on a GPU runs as compiled pieces, the next
+states' two forward passes (target and online networks) each on a CUDA stream of its own while
+the online network's forward on the states runs on the step's own (`_streamed_loss`); the loss
+waits for both. At the standard workload's sizes each network's kernels leave most of the GPU
+idle, so the three overlap: the epoch took 0.227 s against 0.238 s with the loss as one compiled
+graph, 0.259 s against 0.275 s at the GPU defaults (noisy nets, dense inputs), and 0.243 s with
+the same pieces on one stream (H100, 2026-12-07, one call, a probe of the form kept). The pieces
+launch the same kernels on either stream, so eager and captured runs stay alike bit for bit.
+bench_train's `-onegraph` turns it off."""
 AOT_COMBO_KERNELS = True
 """The same for the steps compiled ahead of time (a GPU's AOTInductor build with
 `combo_kernels`): an epoch of 0.268 s against 0.293 s without them (learning 249 against
@@ -853,7 +866,16 @@ class RainbowAgent(FlatGrad, AgentState):
         # are elementwise work over all envs that inductor fuses (the stack compiles the plain
         # `_collect_act` under its vmap).
         self.collect_fn = compiled(self._collect_act, combo=combo) if jit else self._collect_act
-        if jit:
+        if jit and dev.type == "cuda" and NEXT_ON_STREAMS and cfg.distribution == "c51":
+            piece = functools.partial(compiled, mode=cfg.compile_mode, combo=combo)
+            self._pieces = SimpleNamespace(
+                sampled=piece(self._sampled), online=piece(self._online),
+                next_target=piece(self._next_target), next_online=piece(self._next_online),
+                loss_of=piece(self._loss_of),
+            )  # fmt: skip
+            self.side_streams = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
+            self._loss = self._streamed_loss
+        elif jit:
             self._loss = compiled(self._loss, mode=cfg.compile_mode, combo=combo)
         self.ensure_optimizer_state()
 
@@ -1038,7 +1060,10 @@ class RainbowAgent(FlatGrad, AgentState):
                                 ((p2, pos), (e2, entry), (h2, hold)))  # fmt: skip
         return G, env.portfolio_of(t + m, pos, entry, hold)
 
-    def _loss(self, idx: torch.Tensor, w: torch.Tensor):
+    def _sampled(self, idx: torch.Tensor):
+        """A learning step's sampled transitions `idx`, read from the replay: the states, the
+        next states, the n-step returns R [B], the discounts [B, 1] and the joint actions
+        taken [B, 1]."""
         cfg, env, B = self.cfg, self.env, idx.shape[0]
         f = self.replay.fbuf.index_select(0, idx)
         i = self.replay.ibuf.index_select(0, idx)
@@ -1049,16 +1074,58 @@ class RainbowAgent(FlatGrad, AgentState):
         s2 = self.state(t + m, port2)
         disc = torch.pow(cfg.gamma, m.float())[:, None]  # [B, 1]; gamma^0 never occurs (m >= 1)
         act = (acts[:, 0] * self.joint_stride).sum(1)[:, None]  # [B, 1] joint action taken
-        taus = self._taus(B)
-        # The loss reads the taken action's outputs alone, unless CQL's penalty needs them all.
-        taken = cfg.distribution != "iqn" and cfg.cql_alpha == 0
-        # C51's Triton target reads the next states' dueling streams rather than their logits.
-        parts = cfg.distribution == "c51" and self.next_target is c51_triton.next_target
+        return s, s2, R, disc, act
+
+    def _taken(self) -> bool:
+        """Whether the loss reads the taken action's outputs alone: unless CQL's penalty needs
+        them all (or IQN, whose quantiles come whole)."""
+        return self.cfg.distribution != "iqn" and self.cfg.cql_alpha == 0
+
+    def _online(self, s: torch.Tensor, act: torch.Tensor, taus: torch.Tensor | None):
+        """The online network's outputs on the states, with their gradient."""
         with self._autocast():
-            out = self.net(s, taus, act=act if taken else None)
-            with torch.no_grad():
-                tg2 = self.target(s2, self._taus(B), parts=parts)
-                on2 = self.net(s2, self._taus(B), parts=parts) if cfg.double_q else tg2
+            return self.net(s, taus, act=act if self._taken() else None)
+
+    def _next(self, net: nn.Module, s2: torch.Tensor) -> torch.Tensor | tuple:
+        """`net`'s outputs on the next states, without gradient: C51's Triton target reads
+        their dueling streams rather than their logits."""
+        parts = self.cfg.distribution == "c51" and self.next_target is c51_triton.next_target
+        with torch.no_grad(), self._autocast():
+            return net(s2, self._taus(s2.shape[0]), parts=parts)
+
+    def _next_target(self, s2: torch.Tensor):
+        return self._next(self.target, s2)
+
+    def _next_online(self, s2: torch.Tensor):
+        return self._next(self.net, s2)
+
+    def _loss(self, idx: torch.Tensor, w: torch.Tensor):
+        s, s2, R, disc, act = self._sampled(idx)
+        taus = self._taus(idx.shape[0])
+        out = self._online(s, act, taus)
+        tg2 = self._next_target(s2)
+        on2 = self._next_online(s2) if self.cfg.double_q else tg2
+        return self._loss_of(out, tg2, on2, R, disc, act, taus, w)
+
+    def _streamed_loss(self, idx: torch.Tensor, w: torch.Tensor):
+        """`_loss` as compiled pieces on a GPU (C51), the next states' forward passes each on
+        a CUDA stream of its own beside the online network's forward (`NEXT_ON_STREAMS`): the
+        same kernels as the pieces launched on one stream, so the same numbers."""
+        p, side = self._pieces, self.side_streams
+        s, s2, R, disc, act = p.sampled(idx)
+        nets = (p.next_target, p.next_online) if self.cfg.double_q else (p.next_target,)
+        nxt = beside(side, nets, s2)
+        out = p.online(s, act, None)
+        tg2, *on2 = joined(side, nxt)
+        on2 = on2[0] if on2 else tg2
+        return p.loss_of(out, tg2, on2, R, disc, act, None, w)
+
+    def _loss_of(self, out, tg2, on2, R, disc, act, taus, w):
+        """The loss from the networks' outputs (`_online`, `_next`), and what a step records:
+        the loss, the replay's new priorities, the taken action's expected value, CQL's
+        penalty and the target mass clipped at the support's ends."""
+        cfg = self.cfg
+        taken = self._taken()
         with torch.no_grad():
             a2 = None if cfg.distribution == "c51" else self.q_values(on2).argmax(-1, keepdim=True)
         clipped = torch.zeros((), device=self.device)
