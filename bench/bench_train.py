@@ -33,9 +33,9 @@ projection in torch rather than the Triton kernel of foxhunt.train.agents.c51_tr
 step through torch.optim's method, which breaks the compiled update into three graphs, rather
 than `common.adam_step`), `-nocombo` (without inductor's combo kernels, which launch a graph's
 independent small kernels as one: `dqn.COMBO_KERNELS`, and with `-aot`
-`dqn.AOT_COMBO_KERNELS`), `-onegraph` (torch.compile's loss as one graph rather than pieces
-with the next states' two forward passes on CUDA streams of their own beside the online
-network's forward, `dqn.NEXT_ON_STREAMS`), `-aot` (the DQN's collection and
+`dqn.AOT_COMBO_KERNELS`), `-streams` / `-onegraph` (torch.compile's loss as pieces with the
+next states' two forward passes on CUDA streams of their own beside the online network's
+forward, or as one graph: `dqn.NEXT_ON_STREAMS`), `-aot` (the DQN's collection and
 learning steps, PPO's and PQN's minibatch step, a supervised model's training step, compiled
 ahead of time by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by
 torch.compile), `-flatgrad` (with `-aot`: the learning step's gradient taken for the flat
@@ -352,9 +352,13 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
         # launched as one), compiled by torch.compile or ahead of time.
         mock.patch.object(dqn, "COMBO_KERNELS", "nocombo" not in opts),
         mock.patch.object(dqn, "AOT_COMBO_KERNELS", "nocombo" not in opts),
-        # -onegraph: the loss as one compiled graph, not pieces with the next states' forward
-        # passes on streams of their own.
-        mock.patch.object(dqn, "NEXT_ON_STREAMS", "onegraph" not in opts),
+        # -streams / -onegraph: the loss as pieces with the next states' forward passes on
+        # streams of their own, or as one compiled graph.
+        mock.patch.object(
+            dqn,
+            "NEXT_ON_STREAMS",
+            "streams" in opts or (dqn.NEXT_ON_STREAMS and "onegraph" not in opts),
+        ),
         mock.patch.object(common.FlatGrad, "_backward", backward),
         mock.patch.object(aot, "cache_dir", cache),
         mock.patch.object(dqn, "COMBO_NO_REORDER", combo_aot),

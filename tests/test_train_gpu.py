@@ -118,12 +118,18 @@ def test_compiled_and_captured_step_matches_eager_within_float_tolerance(forecas
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
-def test_the_next_states_forwards_on_streams_give_the_one_stream_numbers(precision):
+def test_the_next_states_forwards_on_streams_give_the_one_stream_numbers(precision, monkeypatch):
     """dqn.NEXT_ON_STREAMS: the compiled loss runs as pieces, the next states' two forward
     passes each on a CUDA stream of its own beside the online network's forward. Three epochs,
     captured, give the numbers of the same pieces on the step's one stream, and of the streams
     launched without CUDA graphs, bit for bit: the streams change when kernels run, not what
-    they compute."""
+    they compute. And one step (fp32) within float tolerance of the eager agent's, as the loss
+    compiled as one graph is."""
+    from foxhunt.train.agents import dqn
+
+    monkeypatch.setattr(dqn, "NEXT_ON_STREAMS", True)
+    if precision == "fp32":
+        assert_compiled_step_matches_eager()
     kw = dict(compile_=True)
     s_s, p_s, pr_s = run_epochs("graph", precision, **kw)
     for capture, streams in (("graph", False), ("eager", True)):
