@@ -30,7 +30,7 @@ def run_epochs(
     triton_target: bool | None = None,
     compile_mode: str = "default",
     forecast: bool | None = None,
-    streams: bool = True,
+    streams: bool | None = None,
 ):
     data = gpu_data()
     cfg = DQNConfig(
@@ -43,8 +43,10 @@ def run_epochs(
     if forecast is not None:
         env = dataclasses.replace(env, forecast=forecast)
     agent = RainbowAgent(cfg, env, data, seed=7)
-    if not streams:  # the compiled loss's pieces (dqn.NEXT_ON_STREAMS) on the step's stream
-        agent.side_streams = None
+    if streams is not None:  # the compiled loss's pieces (dqn.NEXT_ON_STREAMS) on streams
+        assert agent._loss == agent._streamed_loss, "the agent's loss is not the streamed one"
+        if not streams:  # the same pieces on the step's own stream
+            agent.side_streams = None
     agent.ensure_optimizer_state()
     if capture == "graph":  # before the first fold is set, as foxhunt train does
         agent.capture()
@@ -131,7 +133,7 @@ def test_the_next_states_forwards_on_streams_give_the_one_stream_numbers(precisi
     if precision == "fp32":
         assert_compiled_step_matches_eager()
     kw = dict(compile_=True)
-    s_s, p_s, pr_s = run_epochs("graph", precision, **kw)
+    s_s, p_s, pr_s = run_epochs("graph", precision, streams=True, **kw)
     for capture, streams in (("graph", False), ("eager", True)):
         s_o, p_o, pr_o = run_epochs(capture, precision, streams=streams, **kw)
         assert s_o == s_s, (capture, streams, s_o, s_s)

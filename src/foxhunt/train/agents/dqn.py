@@ -1115,8 +1115,8 @@ class RainbowAgent(FlatGrad, AgentState):
 
     def _streamed_loss(self, idx: torch.Tensor, w: torch.Tensor):
         """`_loss` as compiled pieces on a GPU (C51), the next states' forward passes each on
-        a CUDA stream of its own beside the online network's forward (`NEXT_ON_STREAMS`): the
-        same kernels as the pieces launched on one stream, so the same numbers."""
+        a CUDA stream of its own beside the online network's forward (`NEXT_ON_STREAMS`). The
+        same kernels as the pieces launched on one stream, `side_streams` None (the tests)."""
         p, side = self._pieces, self.side_streams
         s, s2, R, disc, act = p.sampled(idx)
         nets = (p.next_target, p.next_online) if self.cfg.double_q else (p.next_target,)
