@@ -97,7 +97,9 @@ def hash_triton_early() -> None:
     runtime. A process computes it once; at the first launch of these scans it took 0.39 s of
     0.47 s on a warm Triton cache (H100, 2026-12-07), reading files and hashing them, both done
     without the GIL, so that it overlaps a task's own start (the cache's CRC-32 check, the
-    upload). Idempotent; a no-op without Triton or where its key function is elsewhere."""
+    upload). A call while the thread runs starts none; one after the first scan has joined it
+    starts a thread that finds the key in Triton's own per-process cache. A no-op without
+    Triton or where its key function is elsewhere."""
     global _hashing
     if triton is None or _hashing is not None:
         return
