@@ -9,6 +9,10 @@ compile cache.
                                                                  torch.compile (the default), ahead
                                                                  of time (AOTInductor; --aot), or
                                                                  the DQN's auto (aot where it can)
+                                [--onegraph]                     torch.compile's DQN loss as one
+                                                                 graph, not as pieces with the
+                                                                 next states' forwards on streams
+                                                                 of their own (dqn.NEXT_ON_STREAMS)
                                 [--profile-start]                then a third process, warm,
                                                                  under cProfile: 1 epoch of the
                                                                  first fold, the functions that
@@ -77,6 +81,9 @@ class Phases(NullLogger):  # each epoch's phases (collection, learning, validati
         if "eval/val_passes" in metrics:  # the passes each epoch's validation took
             self.passes.append(metrics["eval/val_passes"])
 phases = Phases()
+if not cfg.pop("next_on_streams"):  # --onegraph (imported here alone: the marks' imports)
+    from foxhunt.train.agents import dqn
+    dqn.NEXT_ON_STREAMS = False
 if cfg["model"] in cfg:  # sizes over the model's defaults (the CPU smoke's)
     cfg[cfg["model"]] = model_config(cfg["model"], cfg[cfg["model"]])
 cfg["fold_ids"] = tuple(cfg["fold_ids"])
@@ -112,6 +119,11 @@ def main() -> None:
                     "else torch.compile; the mode chosen is printed)")  # fmt: skip
     ap.add_argument("--aot", action="store_const", const="aot", dest="compile_mode",
                     help="--compile-mode aot")  # fmt: skip
+    ap.add_argument(
+        "--onegraph",
+        action="store_true",
+        help="torch.compile's DQN loss as one graph (dqn.NEXT_ON_STREAMS off)",
+    )
     ap.add_argument("--profile-start", action="store_true",
                     help="after the warm process, a third under cProfile (1 epoch of the first "
                     "fold): where a warm task's start goes")  # fmt: skip
@@ -138,7 +150,8 @@ def main() -> None:
                "model": args.model, "epochs": args.epochs, "fold_ids": fold_ids,
                "device": "cpu" if smoke else "cuda",
                "eval_segments": args.eval_segments,
-               "compile_eval": args.compile_eval != "off"}  # fmt: skip
+               "compile_eval": args.compile_eval != "off",
+               "next_on_streams": not args.onegraph}  # fmt: skip
         if args.model == "dqn":  # the standard workload's exploration, not the GPU defaults
             cfg["dqn"] = dict(STANDARD_DQN)
         # (compile itself left to the device: on a GPU, on; "aot" turns it on anywhere)
@@ -162,6 +175,7 @@ def main() -> None:
                 how = {"aot": ", steps compiled ahead of time",
                        "auto": f" (compile_mode auto: {r.get('compile_mode')})"}.get(
                            args.compile_mode, "")  # fmt: skip
+                how += " (the loss as one graph)" if args.onegraph else ""
                 print(f"{args.model}{how} {len(fold_ids)} folds x {args.epochs} epochs, {phase} "
                       f"(evaluation {'compiled' if compile_eval else 'not compiled'}): "
                       f"{r['total_s']:.1f} s from the process's start to its "

@@ -103,22 +103,20 @@ SUPPORT_MARGIN = 1.5  # ... times this
 COMBO_KERNELS = True
 """A GPU agent's compiled steps launch a graph's independent small kernels as one (inductor's
 combo kernels, common.compiled); bench_train's `-nocombo` turns it off."""
-NEXT_ON_STREAMS = False
+NEXT_ON_STREAMS = True
 """Whether a C51 agent's learning step under torch.compile on a GPU runs as compiled pieces,
 the next states' two forward passes (target and online networks) each on a CUDA stream of its
 own while the online network's forward on the states runs on the step's own (`_streamed_loss`;
 the loss waits for both). At the standard workload's sizes each network's kernels leave most of
-the GPU idle, so the three overlap. A probe of this form (H100, 2026-12-07, one call, five
-epochs each) gave the epoch 0.227 s against 0.238 s with the loss as one compiled graph,
-0.259 s against 0.275 s at the GPU defaults (noisy nets, dense inputs), and 0.243 s with the
-same pieces on one stream. Off until this code has run on a GPU: its GPU test
-(tests/test_train_gpu.py, the streams against one stream and against uncaptured streams, bit
-for bit) and `bench_train.py --variants graph-bf16-compile,graph-bf16-compile-streams`. The
-pieces launch the same kernels on either stream, so a run should give the same numbers on
-streams or on one, captured or not. A step compiled ahead of time (`compile_mode="aot"`) stays
-one package, which runs on one stream: its online forward, inside the package with its
-backward, cannot start before the next states' outputs it takes as inputs. bench_train's
-`-streams` turns it on, `-onegraph` off."""
+the GPU idle, so the three overlap: the standard epoch took 0.230 s against 0.242 s with the
+loss as one compiled graph, and 0.265 s against 0.272 s at the GPU defaults (noisy nets, dense
+inputs; H100, 2026-12-07, one call, `bench_train.py --epochs 5 --variants
+graph-bf16-compile,graph-bf16-compile-onegraph`). The same pieces in turn on one stream took
+0.243 s (a probe, the same day). The pieces launch the same kernels on either stream, so a run
+gives the same numbers on streams or on one, captured or not (tests/test_train_gpu.py, bit for
+bit). A step compiled ahead of time (`compile_mode="aot"`) stays one package, which runs on one
+stream: its online forward, inside the package with its backward, cannot start before the next
+states' outputs it takes as inputs. bench_train's `-onegraph` turns it off, `-streams` on."""
 AOT_COMBO_KERNELS = True
 """The same for the steps compiled ahead of time (a GPU's AOTInductor build with
 `combo_kernels`): an epoch of 0.268 s against 0.293 s without them (learning 249 against
