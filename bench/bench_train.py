@@ -35,7 +35,9 @@ than `common.adam_step`), `-nocombo` (without inductor's combo kernels, which la
 independent small kernels as one: `dqn.COMBO_KERNELS`, and with `-aot`
 `dqn.AOT_COMBO_KERNELS`), `-streams` / `-onegraph` (torch.compile's loss as pieces with the
 next states' two forward passes on CUDA streams of their own beside the online network's
-forward, or as one graph: `dqn.NEXT_ON_STREAMS`), `-aot` (the DQN's collection and
+forward, or as one graph: `dqn.NEXT_ON_STREAMS`), `-advtarget` (C51's target given the next
+states' advantage hidden layers and the advantage layers' weights, each action's logits formed
+inside its kernel: `dqn.ADV_IN_TARGET`), `-aot` (the DQN's collection and
 learning steps, PPO's and PQN's minibatch step, a supervised model's training step, compiled
 ahead of time by AOTInductor, `compile_mode="aot"`, foxhunt.train.aot, rather than by
 torch.compile), `-flatgrad` (with `-aot`: the learning step's gradient taken for the flat
@@ -359,6 +361,8 @@ def run_variant(args, res, variant, data, env_cfg, train, val, segments, small) 
             "NEXT_ON_STREAMS",
             "streams" in opts or (dqn.NEXT_ON_STREAMS and "onegraph" not in opts),
         ),
+        # -advtarget: C51's target from the next states' advantage hidden layers.
+        mock.patch.object(dqn, "ADV_IN_TARGET", "advtarget" in opts or dqn.ADV_IN_TARGET),
         mock.patch.object(common.FlatGrad, "_backward", backward),
         mock.patch.object(aot, "cache_dir", cache),
         mock.patch.object(dqn, "COMBO_NO_REORDER", combo_aot),

@@ -728,6 +728,20 @@ def test_the_gpu_forms_give_the_cpu_forms_outputs_and_gradients(noisy, noise):
     for net, full in ((cpu, out), (gpu, got)):  # the dueling streams sum to the logits
         v, a = net(x, noise=noise, parts=True)
         torch.testing.assert_close(v + a, full, rtol=1e-12, atol=1e-12)
+    # The advantage's hidden layer and the layer's weights with the mean out (dqn.ADV_IN_TARGET:
+    # c51_triton forms the advantage from them), where the layer runs formed; the streams else.
+    gpu.adv_in_target = True
+    hidden = gpu(x, noise=noise, parts="hidden")
+    assert len(hidden) == (2 if noisy and noise == "rows" else 4)
+    if len(hidden) == 4:
+        v, h, wc, bc = hidden
+        assert h.shape == (5, tiny().head_hidden) and wc.shape == (N_ACTIONS * gpu.out, h.shape[1])
+        torch.testing.assert_close(
+            wc.view(N_ACTIONS, gpu.out, -1).sum(0), torch.zeros_like(wc[: gpu.out])
+        )
+        hidden = (v, F.linear(h, wc, bc).view(5, N_ACTIONS, gpu.out))
+    torch.testing.assert_close(hidden[0] + hidden[1], out, rtol=1e-12, atol=1e-12)
+    gpu.adv_in_target = False
     taken = gpu(x, noise=noise, act=act)
     torch.testing.assert_close(taken, out.gather(1, act[:, :, None].expand(-1, -1, cpu.out)),
                                rtol=1e-12, atol=1e-12)  # fmt: skip

@@ -4,11 +4,12 @@ the captured CUDA-graph path gives the same numbers as the eager path."""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 import torch
 
-from foxhunt.train.agents.dqn import DQNConfig, RainbowAgent
+from foxhunt.train.agents.dqn import IN_DIM, DQNConfig, QNet, RainbowAgent
 from foxhunt.train.env import EnvConfig
 from marketdata import random_market
 from trainruns import drive
@@ -31,6 +32,7 @@ def run_epochs(
     compile_mode: str = "default",
     forecast: bool | None = None,
     streams: bool | None = None,
+    adv_in_target: bool | None = None,
 ):
     data = gpu_data()
     cfg = DQNConfig(
@@ -47,6 +49,8 @@ def run_epochs(
         assert agent._loss == agent._streamed_loss, "the agent's loss is not the streamed one"
         if not streams:  # the same pieces on the step's own stream
             agent.side_streams = None
+    if adv_in_target is not None:  # C51's target given the hidden layers (dqn.ADV_IN_TARGET)
+        assert agent.net.adv_in_target == agent.target.adv_in_target == adv_in_target
     agent.ensure_optimizer_state()
     if capture == "graph":  # before the first fold is set, as foxhunt train does
         agent.capture()
@@ -139,6 +143,59 @@ def test_the_next_states_forwards_on_streams_give_the_one_stream_numbers(precisi
         assert s_o == s_s, (capture, streams, s_o, s_s)
         assert torch.equal(p_o, p_s) and torch.equal(pr_o, pr_s), (capture, streams)
     assert s_s[-1]["losses/loss"] > 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_c51_target_from_the_advantage_hidden_layers_matches_the_streams():
+    """c51_triton.next_target given each network's value logits, advantage hidden layer and
+    advantage layer (`QNet(..., parts="hidden")`, dqn.ADV_IN_TARGET) against the same networks'
+    dueling streams, bf16 at the standard workload's batch: the kernel forms each action's
+    logits in registers, rounded as the product and the streams' sum round theirs, so the
+    targets agree wherever the double-Q choice is not a near tie."""
+    from foxhunt.train.agents import c51_triton
+    from foxhunt.train.agents.dqn import N_ACTIONS
+
+    torch.manual_seed(0)
+    cfg = DQNConfig(hidden=(512, 256), noisy=False, dense_inputs=False, precision="bf16")
+    nets = [QNet(cfg, align=8, fold_mean=True, fused_relu=True).cuda() for _ in range(2)]
+    for net in nets:
+        net.adv_in_target = True
+    B, N = 8192, cfg.atoms
+    s2 = torch.randn(B, IN_DIM, device="cuda")
+    R, disc = torch.randn(B, device="cuda"), torch.full((B, 1), 0.97, device="cuda")
+    z = torch.linspace(-3, 3, N, device="cuda")
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+        hidden = [net(s2, parts="hidden") for net in nets]
+        streams = [net(s2, parts=True) for net in nets]
+    assert len(hidden[0]) == 4 and hidden[0][1].dtype == torch.bfloat16
+    got, got_clip = c51_triton.next_target(*hidden, R, disc, z)
+    want, want_clip = c51_triton.next_target(*streams, R, disc, z)
+    v, a = streams[0]
+    ev = (torch.softmax((v + a).float(), -1) * z).sum(-1).sort(-1, descending=True).values
+    clear = (ev[:, 0] - ev[:, 1]) > 1e-2  # no near tie between the two best actions
+    assert clear.float().mean() > 0.5 and a.shape[1] == N_ACTIONS
+    torch.testing.assert_close(got[clear], want[clear], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got_clip[clear], want_clip[clear], rtol=1e-4, atol=1e-5)
+    off = (got - want).abs().amax((1, 2)) > 1e-5
+    assert off.float().mean() < 0.02, off.float().mean()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_advantage_in_the_target_keeps_captured_runs_bit_identical(monkeypatch):
+    """dqn.ADV_IN_TARGET: three epochs (bf16, noisy nets) captured and eager, bit for bit, and
+    compiled with the next states' forwards on streams against one stream; the agent's networks
+    hand the target their hidden layers."""
+    from foxhunt.train.agents import dqn
+
+    monkeypatch.setattr(dqn, "ADV_IN_TARGET", True)
+    kw = dict(adv_in_target=True)
+    s_e, p_e, pr_e = run_epochs("eager", "bf16", **kw)
+    s_g, p_g, pr_g = run_epochs("graph", "bf16", **kw)
+    assert s_e == s_g and torch.equal(p_e, p_g) and torch.equal(pr_e, pr_g)
+    s_s, p_s, _ = run_epochs("graph", "bf16", compile_=True, streams=True, **kw)
+    s_o, p_o, _ = run_epochs("graph", "bf16", compile_=True, streams=False, **kw)
+    assert s_s == s_o and torch.equal(p_s, p_o)
+    assert all(math.isfinite(st["losses/loss"]) for st in s_e + s_s), (s_e, s_s)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -49,8 +49,31 @@ def available() -> bool:
 
 NUM_WARPS = 1
 """Warps a program (one sample). See bench/bench_c51_kernel.py."""
+HIDDEN_BLOCK, HIDDEN_WARPS = 64, 8
+"""Samples and warps a program of the choice from the advantage hidden layers (`next_target`
+given them): the fastest of 32-128 samples and 4-8 warps (bench/bench_c51_fused_adv.py, H100,
+2026-12-07)."""
 
 if triton is not None:
+
+    @triton.jit
+    def _project(p, z, n, nm, b, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr, N):
+        """Sample b's target distribution p [BLOCK_N] (0 on the padded atoms) projected onto z
+        from the support shifted to R + disc * z, stored with the mass clipped at its ends."""
+        r = tl.load(r_ptr + b)
+        d = tl.load(disc_ptr + b)
+        v_min = tl.load(z_ptr)
+        v_max = tl.load(z_ptr + N - 1)
+        dz = (v_max - v_min) / (N - 1)
+        tz = r + d * z  # [BN(j)]
+        outside = ((tz < v_min) | (tz > v_max)) & nm
+        clip = tl.sum(tl.where(outside, p, 0.0), 0)
+        pos = (tl.minimum(tl.maximum(tz, v_min), v_max) - v_min) / dz
+        i = n.to(tl.float32)
+        w = tl.maximum(1.0 - tl.abs(pos[:, None] - i[None, :]), 0.0)  # [j, i]
+        proj = tl.sum(p[:, None] * w, 0)  # [BN(i)]
+        tl.store(out_ptr + b * N + n, proj, mask=nm)
+        tl.store(clip_ptr + b, clip)
 
     @triton.jit
     def _target_kernel(
@@ -89,24 +112,77 @@ if triton is not None:
         t = tl.where(nm, t, float("-inf"))
         e = tl.exp(t - tl.max(t, 0))
         p = e / tl.sum(e, 0)  # [BN(j)]; 0 on the padded atoms
-        # Projection onto z of the support shifted to R + disc * z.
-        r = tl.load(r_ptr + b)
-        d = tl.load(disc_ptr + b)
-        v_min = tl.load(z_ptr)
-        v_max = tl.load(z_ptr + N - 1)
-        dz = (v_max - v_min) / (N - 1)
-        tz = r + d * z  # [BN(j)]
-        outside = ((tz < v_min) | (tz > v_max)) & nm
-        clip = tl.sum(tl.where(outside, p, 0.0), 0)
-        pos = (tl.minimum(tl.maximum(tz, v_min), v_max) - v_min) / dz
-        i = n.to(tl.float32)
-        w = tl.maximum(1.0 - tl.abs(pos[:, None] - i[None, :]), 0.0)  # [j, i]
-        proj = tl.sum(p[:, None] * w, 0)  # [BN(i)]
-        tl.store(out_ptr + b * N + n, proj, mask=nm)
-        tl.store(clip_ptr + b, clip)
+        _project(p, z, n, nm, b, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr, N)
+
+    @triton.jit
+    def _choice_kernel(
+        von_ptr, hon_ptr, won_ptr, bon_ptr, vtg_ptr, htg_ptr, wtg_ptr, btg_ptr, z_ptr, p_ptr,
+        B, A, N, H, s_von_b, s_von_n, s_hon, s_vtg_b, s_vtg_n, s_htg,
+        BM: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROUND: tl.constexpr,
+    ):  # fmt: skip
+        """`_target_kernel`'s choice and softmax from each network's advantage hidden layer
+        [B, H] and its advantage layer (weights [A N, H] and bias [A N], the dueling mean out),
+        BM samples a program: each action's logits are formed in registers by a tensor-core
+        product, rounded as torch rounds the layer's output and the streams' sum (`ROUND`),
+        and never written. Writes the chosen action's target distribution [B, BLOCK_N]."""
+        rows = tl.program_id(0) * BM + tl.arange(0, BM)
+        rm = rows < B
+        k = tl.arange(0, BLOCK_H)
+        n = tl.arange(0, BLOCK_N)
+        km, nm = k < H, n < N
+        hm, vm = rm[:, None] & km[None, :], rm[:, None] & nm[None, :]
+        h_on = tl.load(hon_ptr + rows[:, None] * s_hon + k[None, :], mask=hm, other=0.0)
+        h_tg = tl.load(htg_ptr + rows[:, None] * s_htg + k[None, :], mask=hm, other=0.0)
+        v_on = tl.load(von_ptr + rows[:, None] * s_von_b + n[None, :] * s_von_n, mask=vm,
+                       other=0.0).to(tl.float32)  # fmt: skip
+        v_tg = tl.load(vtg_ptr + rows[:, None] * s_vtg_b + n[None, :] * s_vtg_n, mask=vm,
+                       other=0.0).to(tl.float32)  # fmt: skip
+        z = tl.load(z_ptr + n, mask=nm, other=0.0)
+        wm = nm[:, None] & km[None, :]
+        best = tl.full([BM], float("-inf"), tl.float32)
+        chosen = tl.zeros([BM, BLOCK_N], tl.float32)
+        for a in range(A):
+            w_at = (a * N + n[:, None]) * H + k[None, :]  # [BLOCK_N, BLOCK_H]
+            q = tl.dot(h_on, tl.trans(tl.load(won_ptr + w_at, mask=wm, other=0.0)))
+            q += tl.load(bon_ptr + a * N + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+            if ROUND:  # the advantage layer's output in bf16, as the product writes it
+                q = q.to(tl.bfloat16).to(tl.float32)
+            q += v_on
+            if ROUND:  # the streams' sum in bf16, as torch adds them
+                q = q.to(tl.bfloat16).to(tl.float32)
+            q = tl.where(nm[None, :], q, float("-inf"))
+            e = tl.exp(q - tl.max(q, 1)[:, None])
+            ev = tl.sum(e / tl.sum(e, 1)[:, None] * z[None, :], 1)  # [BM]
+            better = ev > best  # strictly: the first of equal maxima stays, as an argmax
+            best = tl.where(better, ev, best)
+            t = tl.dot(h_tg, tl.trans(tl.load(wtg_ptr + w_at, mask=wm, other=0.0)))
+            t += tl.load(btg_ptr + a * N + n, mask=nm, other=0.0).to(tl.float32)[None, :]
+            if ROUND:
+                t = t.to(tl.bfloat16).to(tl.float32)
+            t += v_tg
+            if ROUND:
+                t = t.to(tl.bfloat16).to(tl.float32)
+            chosen = tl.where(better[:, None], t, chosen)
+        t = tl.where(nm[None, :], chosen, float("-inf"))
+        e = tl.exp(t - tl.max(t, 1)[:, None])
+        tl.store(p_ptr + rows[:, None] * BLOCK_N + n[None, :], e / tl.sum(e, 1)[:, None],
+                 mask=rm[:, None])  # fmt: skip
+
+    @triton.jit
+    def _projection_kernel(
+        p_ptr, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr, N, BLOCK_N: tl.constexpr
+    ):  # fmt: skip
+        """`_choice_kernel`'s distributions projected, one sample a program."""
+        b = tl.program_id(0).to(tl.int64)
+        n = tl.arange(0, BLOCK_N)
+        nm = n < N
+        z = tl.load(z_ptr + n, mask=nm, other=0.0)
+        p = tl.load(p_ptr + b * BLOCK_N + n, mask=nm, other=0.0)
+        _project(p, z, n, nm, b, r_ptr, disc_ptr, z_ptr, out_ptr, clip_ptr, N)
 
 
 _target_op = None  # the op, once registered (`register`)
+_hidden_op = None  # ... and the op given the advantage hidden layers
 
 
 def register():
@@ -116,7 +192,7 @@ def register():
     were compiled ahead of time never needs (foxhunt.train.aot: the package holds the kernel).
     An agent that torch.compile traces registers it when built, so that the trace never meets
     the registration."""
-    global _target_op
+    global _target_op, _hidden_op
     if _target_op is not None:
         return _target_op
 
@@ -156,11 +232,35 @@ def register():
         out, clip = op(*args, z)
         return (out.view(K, -1, *out.shape[1:]), clip.view(K, -1, *clip.shape[1:])), (0, 0)
 
-    _target_op = op
+    @torch.library.triton_op("foxhunt::c51_target_hidden", mutates_args=())
+    def hidden_op(
+        v_on: torch.Tensor, h_on: torch.Tensor, w_on: torch.Tensor, b_on: torch.Tensor,
+        v_tg: torch.Tensor, h_tg: torch.Tensor, w_tg: torch.Tensor, b_tg: torch.Tensor,
+        R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+        (B, H), N = h_on.shape, v_on.shape[2]
+        block_n = triton.next_power_of_2(N)
+        p = torch.empty(B, block_n, device=h_on.device, dtype=torch.float32)
+        out = torch.empty(B, 1, N, device=h_on.device, dtype=torch.float32)
+        clip = torch.empty(B, 1, device=h_on.device, dtype=torch.float32)
+        torch.library.wrap_triton(_choice_kernel)[(triton.cdiv(B, HIDDEN_BLOCK),)](
+            v_on, h_on, w_on, b_on, v_tg, h_tg, w_tg, b_tg, z, p, B, w_on.shape[0] // N, N, H,
+            v_on.stride(0), v_on.stride(2), h_on.stride(0),
+            v_tg.stride(0), v_tg.stride(2), h_tg.stride(0),
+            BM=HIDDEN_BLOCK, BLOCK_H=max(16, triton.next_power_of_2(H)), BLOCK_N=block_n,
+            ROUND=h_on.dtype == torch.bfloat16, num_warps=HIDDEN_WARPS,
+        )  # fmt: skip
+        torch.library.wrap_triton(_projection_kernel)[(B,)](
+            p, R, disc, z, out, clip, N, BLOCK_N=block_n, num_warps=NUM_WARPS
+        )  # fmt: skip
+        return out, clip
+
+    _target_op, _hidden_op = op, hidden_op
     return op
 
 
 Logits = torch.Tensor | tuple[torch.Tensor, torch.Tensor]
+Hidden = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 def _streams(x: Logits) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,19 +272,54 @@ def _streams(x: Logits) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def next_target(
-    on2: Logits, tg2: Logits, R: torch.Tensor, disc: torch.Tensor, z: torch.Tensor
+    on2: Logits | Hidden,
+    tg2: Logits | Hidden,
+    R: torch.Tensor,
+    disc: torch.Tensor,
+    z: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`dqn.c51_next_target` in one kernel: on2, tg2 the online and target networks' logits
     [B, A, atoms] or their dueling streams (see the module docstring; any float dtype, any
     strides), R [B], disc [B, 1], z [atoms] float32. Returns the target distribution
-    [B, 1, atoms] and the target mass clipped at the support's ends [B, 1], float32."""
+    [B, 1, atoms] and the target mass clipped at the support's ends [B, 1], float32.
+
+    Or on2, tg2 each network's value logits, advantage hidden layer and advantage layer
+    (`QNet(..., parts="hidden")`, `_from_hidden`): two kernels then, the choice with each
+    action's logits formed in registers (tensor-core products, a block of samples a program)
+    and never written, and the projection."""
     # Checked where the call runs eagerly: a compiled step traces this function, and Dynamo
     # warns at each trace that it ignores the cache around `available`.
     if not torch.compiler.is_compiling() and not available():
         raise RuntimeError("c51_triton.next_target needs Triton and a CUDA device")
+    if isinstance(on2, tuple) and len(on2) == 4:
+        return _from_hidden(on2, tg2, R, disc, z)
     (v_on, a_on), (v_tg, a_tg) = _streams(on2), _streams(tg2)
     if {v_on.dtype, a_on.dtype} != {v_tg.dtype, a_tg.dtype}:
         raise ValueError("c51_triton.next_target: the online and target logits' dtypes differ")
     op = register() if _target_op is None else _target_op
     return op(v_on, a_on, v_tg, a_tg, R.float().contiguous(),
                       disc.float().reshape(-1).contiguous(), z.float().contiguous())  # fmt: skip
+
+
+def _from_hidden(on2: Hidden, tg2: Hidden, R, disc, z) -> tuple[torch.Tensor, torch.Tensor]:
+    """`next_target` given each network's value logits [B, 1, atoms], advantage hidden layer
+    [B, H] and advantage layer (weights [A atoms, H] and bias [A atoms], the dueling mean out):
+    `QNet(..., parts="hidden")`. The layer's weights and bias are cast to the hidden layer's
+    dtype, as autocast casts them for the product."""
+    if len(tg2) != 4:
+        raise ValueError("c51_triton.next_target: the online network's hidden parts and the "
+                         "target network's streams or logits")  # fmt: skip
+
+    def parts(v, h, w, b):
+        h = h if h.stride(1) == 1 else h.contiguous()
+        return v, h, w.to(h.dtype).contiguous(), b.to(h.dtype).contiguous()
+
+    on2, tg2 = parts(*on2), parts(*tg2)
+    if on2[1].dtype != tg2[1].dtype or on2[1].shape != tg2[1].shape:
+        raise ValueError("c51_triton.next_target: the two networks' hidden layers differ in "
+                         f"dtype or shape ({on2[1].dtype} {tuple(on2[1].shape)} against "
+                         f"{tg2[1].dtype} {tuple(tg2[1].shape)})")  # fmt: skip
+    if _hidden_op is None:
+        register()
+    return _hidden_op(*on2, *tg2, R.float().contiguous(), disc.float().reshape(-1).contiguous(),
+              z.float().contiguous())  # fmt: skip

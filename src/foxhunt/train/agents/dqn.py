@@ -117,6 +117,17 @@ gives the same numbers on streams or on one, captured or not (tests/test_train_g
 bit). A step compiled ahead of time (`compile_mode="aot"`) stays one package, which runs on one
 stream: its online forward, inside the package with its backward, cannot start before the next
 states' outputs it takes as inputs. bench_train's `-onegraph` turns it off, `-streams` on."""
+ADV_IN_TARGET = False
+"""Whether a C51 agent's learning step on a GPU (bf16, C51's Triton target) hands C51's target
+the next states' advantage hidden layers and the advantage layers' weights rather than the
+layers' outputs (`QNet(..., parts="hidden")`, c51_triton's `_choice_kernel`): each action's
+logits are formed in registers and never written, where today each network's advantage layer
+writes [8192, 30, 51] bf16 (25 MB) a step of which the target reads one action's. The chain
+alone (bench/bench_c51_fused_adv.py, H100, 2026-12-07) took 83.4 us against 130.4 us. The
+kernels were checked on a CPU in Triton's interpreter (bf16 values in float32, the
+interpreter's bf16 products being wrong); off until their GPU tests have run
+(tests/test_train_gpu.py) and bench_train's `-advtarget` has timed an epoch with it. The
+stacked agents keep the outputs (the op has no vmap rule)."""
 AOT_COMBO_KERNELS = True
 """The same for the steps compiled ahead of time (a GPU's AOTInductor build with
 `combo_kernels`): an epoch of 0.268 s against 0.293 s without them (learning 249 against
@@ -471,6 +482,7 @@ class QNet(nn.Module):
         super().__init__()
         self.cfg, self.n_act, self.align, self.fold_mean = cfg, n_actions, align, fold_mean
         self.noisy_weights, self.fused_relu = noisy_weights, fused_relu
+        self.adv_in_target = False  # forward's parts="hidden" honoured (ADV_IN_TARGET)
         self._noise: torch.Tensor | None = None  # noise_buffer's: the layers' buffers are views
         self.iqn = cfg.distribution == "iqn"
         self.out = cfg.atoms if cfg.distribution == "c51" else 1
@@ -577,13 +589,18 @@ class QNet(nn.Module):
         if not (pad or center):
             return F.linear(x, w, b) if isinstance(layer, NoisyLinear) else layer(x)
         if center:
-            wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
-            w = (wa - wa.mean(0, keepdim=True)).view_as(w)
-            b = (ba - ba.mean(0, keepdim=True)).view_as(b)
+            w, b = self._centred(w, b)
         if not pad:
             return F.linear(x, w, b)
         y = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(b, (0, pad)))
         return y[:, : layer.out_features] if sliced else y
+
+    def _centred(self, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The advantage layer's weights and bias less their mean over the actions (`_out`)."""
+        wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
+        return (wa - wa.mean(0, keepdim=True)).view_as(w), (ba - ba.mean(0, keepdim=True)).view_as(
+            b
+        )
 
     def forward(
         self,
@@ -591,8 +608,8 @@ class QNet(nn.Module):
         taus: torch.Tensor | None = None,
         noise: bool | str = True,
         act: torch.Tensor | None = None,
-        parts: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        parts: bool | Literal["hidden"] = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """Logits [R, A, out] (C51; values for `mean`; quantiles [B, K, A] for IQN), or with
         `act` [R, 1] (joint actions; C51 and `mean`) only the taken action's, [R, 1, out]: the
         same numbers as gathering them from the full output, without forming it where the
@@ -600,7 +617,10 @@ class QNet(nn.Module):
         With `parts` (C51 and `mean`), the dueling streams whose sum the logits are: the value
         [R, 1, out] and the advantage less its mean over the actions [R, A, out], which is
         where the mean is folded a view of the advantage layer's (padded) output
-        (c51_triton.next_target reads them so)."""
+        (c51_triton.next_target reads them so). With `parts="hidden"` where `adv_in_target`
+        (and the mean folded, C51): the value [R, 1, out], the advantage's hidden layer [R, hh]
+        and the advantage layer's weights and bias with the mean out, from which
+        c51_triton.next_target forms the advantage itself; the streams otherwise."""
         s = x
         for i, layer in enumerate(self.trunk):
             x = torch.cat((x, s), 1) if i and self.cfg.dense_inputs else x
@@ -619,6 +639,8 @@ class QNet(nn.Module):
         hv, ha = h.chunk(2, dim=1)
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
         folded = self.fold_mean and self._formed(self.adv, noise)
+        if parts == "hidden" and self.adv_in_target and folded and not self.iqn:
+            return v, ha, *self._centred(*self._weights(self.adv, noise))
         if act is not None and folded and not self.iqn:
             # The taken action's outputs, read from the (padded) advantage output in place.
             cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
@@ -813,6 +835,11 @@ class RainbowAgent(FlatGrad, AgentState):
         # GPU, multi-tensor kernels over a few small tensors occupy only a few SMs).
         self.flat = flatten_into_views(self.params)
         self.target = copy.deepcopy(self.net).requires_grad_(False)
+        # C51's target from the next states' advantage hidden layers (ADV_IN_TARGET).
+        self.net.adv_in_target = self.target.adv_in_target = (
+            ADV_IN_TARGET and bool(cfg.triton_target) and cfg.precision == "bf16"
+            and not cfg.float32_outputs
+        )  # fmt: skip
         self.target_flat = flatten_into_views(list(self.target.parameters()))
         self._noise_banks(cfg, dev)
         self.init_state = {k: v.clone() for k, v in self.net.state_dict().items()}
@@ -1094,6 +1121,8 @@ class RainbowAgent(FlatGrad, AgentState):
         """`net`'s outputs on the next states, without gradient: C51's Triton target reads
         their dueling streams rather than their logits."""
         parts = self.cfg.distribution == "c51" and self.next_target is c51_triton.next_target
+        # (The stacked agents' networks are functions of their slice's weights: no attribute.)
+        parts = "hidden" if parts and getattr(net, "adv_in_target", False) else parts
         with torch.no_grad(), self._autocast():
             return net(s2, self._taus(s2.shape[0]), parts=parts)
 

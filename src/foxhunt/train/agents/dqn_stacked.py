@@ -283,8 +283,10 @@ class StackedRainbow:
         self.cfg, self.device = a0.cfg, a0.device
         # vmap has no rule for the ReLU fused into a product (QNet.fused_relu): the agents run
         # the plain form from here on, alone too (the same function, rounded as the stack's).
+        # Nor has C51's target given the advantage hidden layers (dqn.ADV_IN_TARGET).
         for a in self.agents:
             a.net.fused_relu = a.target.fused_relu = False
+            a.net.adv_in_target = a.target.adv_in_target = False
         self.rounds = a0.rounds
         self.t: dict[str, torch.Tensor] = {}
         for path in STACKED + (NOISE_BANKS if a0.cfg.noisy else ()):
