@@ -640,7 +640,9 @@ class QNet(nn.Module):
         v = self._out(self.value, hv, noise).unsqueeze(1)  # [R, 1, out]
         folded = self.fold_mean and self._formed(self.adv, noise)
         if parts == "hidden" and self.adv_in_target and folded and not self.iqn:
-            return v, ha, *self._centred(*self._weights(self.adv, noise))
+            # In the hidden layer's dtype, as autocast casts them for the product: the cast
+            # fused with the centring, where the forward runs (a side stream: _streamed_loss).
+            return v, ha, *(t.to(ha.dtype) for t in self._centred(*self._weights(self.adv, noise)))
         if act is not None and folded and not self.iqn:
             # The taken action's outputs, read from the (padded) advantage output in place.
             cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
