@@ -1,0 +1,82 @@
+"""C51's Triton kernels (foxhunt.train.agents.c51_triton) on the CPU, in Triton's interpreter
+(`TRITON_INTERPRET=1`, a fresh process: the flag is read as the kernels are defined), against
+`dqn.c51_next_target` in float32: the one-kernel target given the dueling streams, and the
+choice and projection given the advantage hidden layers (dqn.ADV_IN_TARGET) from the GPU's
+network form. Skipped where Triton is not installed (torch's CPU builds ship without it: CI);
+`pip install --target DIR triton` and PYTHONPATH=DIR run it. The interpreter rounds bf16 by
+truncation and its bf16 `tl.dot` is wrong (triton 3.9), so bf16 is checked on a GPU
+(tests/test_train_gpu.py); here the kernels' rounding path runs on bf16 values held in float32
+against a reference that truncates as the interpreter does."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="needs Triton (its interpreter)"
+)
+
+CHECK = """
+import torch
+import torch.nn.functional as F
+from foxhunt.train.agents import c51_triton as ct, dqn
+
+torch.manual_seed(0)
+cfg = dqn.DQNConfig(hidden=(64, 32), head_hidden=32, noisy=True, dense_inputs=True)
+nets = [dqn.QNet(cfg, align=8, fold_mean=True, noisy_weights=True, fused_relu=True)
+        for _ in range(2)]
+for net in nets:
+    net.adv_in_target = True
+    net.reset_noise()
+B, N = 80, cfg.atoms
+s2 = torch.randn(B, dqn.IN_DIM)
+R, disc, z = torch.randn(B), torch.full((B, 1), 0.97), torch.linspace(-3, 3, N)
+with torch.no_grad():
+    hidden = [net(s2, parts="hidden") for net in nets]
+    streams = [net(s2, parts=True) for net in nets]
+    logits = [net(s2) for net in nets]
+want, want_clip = dqn.c51_next_target(*logits, R, disc, z)
+ct.register()
+for name, parts in (("streams", streams), ("hidden", hidden)):
+    got, clip = ct._target_op(*(t for v, a in parts for t in (v, a)), R, disc.reshape(-1), z) \\
+        if name == "streams" else ct._from_hidden(*parts, R, disc, z)
+    assert len(parts[0]) == (2 if name == "streams" else 4)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg=name)
+    torch.testing.assert_close(clip, want_clip, rtol=0, atol=1e-6, msg=name)
+
+# The choice's rounding (ROUND): bf16 values in float32, against the same logits rounded by
+# truncation, as the interpreter's bf16 cast rounds.
+def trunc(x):
+    return (x.contiguous().view(torch.int32) & -65536).view(torch.float32)
+bf = [[trunc(t.float()) for t in p] for p in hidden]
+def rounded(v, h, w, b):
+    a = trunc(F.linear(h, w) + b).view(B, -1, N)
+    return trunc(v + a)
+want, want_clip = dqn.c51_next_target(*(rounded(*p) for p in bf), R, disc, z)
+p = torch.zeros(B, 64)
+o, t = bf
+ct._choice_kernel[(2,)](o[0], o[1], o[2], o[3], t[0], t[1], t[2], t[3], z, p, B,
+                        o[2].shape[0] // N, N, o[1].shape[1], o[0].stride(0), o[0].stride(2),
+                        o[1].stride(0), t[0].stride(0), t[0].stride(2), t[1].stride(0),
+                        BM=64, BLOCK_H=32, BLOCK_N=64, ROUND=True)
+got, clip = torch.zeros(B, 1, N), torch.zeros(B, 1)
+ct._projection_kernel[(B,)](p, R, disc.reshape(-1), z, got, clip, N, BLOCK_N=64)
+torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg="rounded")
+torch.testing.assert_close(clip, want_clip, rtol=0, atol=1e-6, msg="rounded")
+print("ok")
+"""
+
+
+def test_c51_kernels_in_the_interpreter_give_the_torch_target():
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    p = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True,
+                       timeout=600)  # fmt: skip
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
