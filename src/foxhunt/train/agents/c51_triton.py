@@ -307,8 +307,8 @@ def _from_hidden(on2: Hidden, tg2: Hidden, R, disc, z) -> tuple[torch.Tensor, to
     `QNet(..., parts="hidden")`. The layer's weights and bias are cast to the hidden layer's
     dtype, as autocast casts them for the product."""
     if len(tg2) != 4:
-        raise ValueError("c51_triton.next_target: the online network's hidden parts and the "
-                         "target network's streams or logits")  # fmt: skip
+        raise ValueError("c51_triton.next_target: one network's hidden parts and the other's "
+                         "streams or logits; give both hidden parts or neither")  # fmt: skip
 
     def parts(v, h, w, b):
         h = h if h.stride(1) == 1 else h.contiguous()

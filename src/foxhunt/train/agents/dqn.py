@@ -598,9 +598,8 @@ class QNet(nn.Module):
     def _centred(self, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The advantage layer's weights and bias less their mean over the actions (`_out`)."""
         wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
-        return (wa - wa.mean(0, keepdim=True)).view_as(w), (ba - ba.mean(0, keepdim=True)).view_as(
-            b
-        )
+        wc, bc = wa - wa.mean(0, keepdim=True), ba - ba.mean(0, keepdim=True)
+        return wc.view_as(w), bc.view_as(b)
 
     def forward(
         self,
@@ -1232,9 +1231,11 @@ class RainbowAgent(FlatGrad, AgentState):
         B = self.cfg.batch_size
         sample = (torch.zeros(B, dtype=torch.long, device=self.device),
                   torch.ones(B, device=self.device))  # fmt: skip
+        # The module's switches the learning step reads key its package too (bench_train's).
+        keyed = f"{settings} adv_in_target={self.net.adv_in_target}"
         self.learn_aot = aot.Step(self, "dqn-learn",
                                   functools.partial(self._traced_step, self._learn_body), sample,
-                                  settings, self._before_trace, self.restore, options)  # fmt: skip
+                                  keyed, self._before_trace, self.restore, options)  # fmt: skip
         collect = aot.Step(self, f"dqn-collect-{noise}",
                            lambda u: self._collect_act(u, noise), (self.u_collect[0],), settings,
                            self._before_trace, self.restore, options)  # fmt: skip
