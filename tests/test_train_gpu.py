@@ -172,12 +172,15 @@ def test_c51_target_from_the_advantage_hidden_layers_matches_the_streams():
     want, want_clip = c51_triton.next_target(*streams, R, disc, z)
     v, a = streams[0]
     ev = (torch.softmax((v + a).float(), -1) * z).sum(-1).sort(-1, descending=True).values
-    clear = (ev[:, 0] - ev[:, 1]) > 1e-2  # no near tie between the two best actions
+    # The two forms' products sum in another order: a logit rounded to bf16 now and then lands
+    # on the other side of a rounding step (~4e-5 in the target), and the choice between two
+    # actions closer than that can differ. Where the two best are 1e-3 apart, the choice holds.
+    clear = (ev[:, 0] - ev[:, 1]) > 1e-3
     assert clear.float().mean() > 0.5 and a.shape[1] == N_ACTIONS
-    torch.testing.assert_close(got[clear], want[clear], rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close(got_clip[clear], want_clip[clear], rtol=1e-4, atol=1e-5)
-    off = (got - want).abs().amax((1, 2)) > 1e-5
-    assert off.float().mean() < 0.02, off.float().mean()
+    torch.testing.assert_close(got[clear], want[clear], rtol=0, atol=2e-4)
+    torch.testing.assert_close(got_clip[clear], want_clip[clear], rtol=0, atol=2e-4)
+    off = (got - want).abs().amax((1, 2)) > 2e-4
+    assert off.float().mean() < 0.01, off.float().mean()
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
