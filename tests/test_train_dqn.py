@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import math
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -556,10 +555,7 @@ def test_the_streamed_loss_s_pieces_give_the_loss_and_its_gradient(double_q):
     agent.collect()
     with torch.no_grad():
         agent.target_flat.add_(0.05 * torch.randn_like(agent.target_flat))
-    agent._pieces = SimpleNamespace(
-        sampled=agent._sampled, online=agent._online, next_target=agent._next_target,
-        next_online=agent._next_online, loss_of=agent._loss_of,
-    )  # fmt: skip
+    agent._pieces = agent._loss_pieces()
     agent.side_streams = None
     u = torch.rand(cfg.batch_size, generator=torch.Generator().manual_seed(1))
     idx, w = agent.replay.sample(u)

@@ -39,6 +39,7 @@ import dataclasses
 import functools
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import ClassVar, Literal
@@ -899,12 +900,9 @@ class RainbowAgent(FlatGrad, AgentState):
         # `_collect_act` under its vmap).
         self.collect_fn = compiled(self._collect_act, combo=combo) if jit else self._collect_act
         if jit and dev.type == "cuda" and NEXT_ON_STREAMS and cfg.distribution == "c51":
-            piece = functools.partial(compiled, mode=cfg.compile_mode, combo=combo)
-            self._pieces = SimpleNamespace(
-                sampled=piece(self._sampled), online=piece(self._online),
-                next_target=piece(self._next_target), next_online=piece(self._next_online),
-                loss_of=piece(self._loss_of),
-            )  # fmt: skip
+            self._pieces = self._loss_pieces(
+                functools.partial(compiled, mode=cfg.compile_mode, combo=combo)
+            )
             self.side_streams = (torch.cuda.Stream(dev), torch.cuda.Stream(dev))
             self._loss = self._streamed_loss
         elif jit:
@@ -1121,9 +1119,9 @@ class RainbowAgent(FlatGrad, AgentState):
     def _next(self, net: nn.Module, s2: torch.Tensor) -> torch.Tensor | tuple:
         """`net`'s outputs on the next states, without gradient: C51's Triton target reads
         their dueling streams rather than their logits."""
-        parts = self.cfg.distribution == "c51" and self.next_target is c51_triton.next_target
-        # (The stacked agents' networks are functions of their slice's weights: no attribute.)
-        parts = "hidden" if parts and getattr(net, "adv_in_target", False) else parts
+        # The hidden layers where the network gives them (QNet.adv_in_target), else the streams.
+        triton = self.cfg.distribution == "c51" and self.next_target is c51_triton.next_target
+        parts = "hidden" if triton else False
         with torch.no_grad(), self._autocast():
             return net(s2, self._taus(s2.shape[0]), parts=parts)
 
@@ -1140,6 +1138,14 @@ class RainbowAgent(FlatGrad, AgentState):
         tg2 = self._next_target(s2)
         on2 = self._next_online(s2) if self.cfg.double_q else tg2
         return self._loss_of(out, tg2, on2, R, disc, act, taus, w)
+
+    def _loss_pieces(self, wrap: Callable = lambda f: f) -> SimpleNamespace:
+        """`_loss`'s pieces for `_streamed_loss`, each wrapped (compiled, on a GPU)."""
+        return SimpleNamespace(
+            sampled=wrap(self._sampled), online=wrap(self._online),
+            next_target=wrap(self._next_target), next_online=wrap(self._next_online),
+            loss_of=wrap(self._loss_of),
+        )  # fmt: skip
 
     def _streamed_loss(self, idx: torch.Tensor, w: torch.Tensor):
         """`_loss` as compiled pieces on a GPU (C51), the next states' forward passes each on
