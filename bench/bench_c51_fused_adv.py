@@ -40,14 +40,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from foxhunt.bench.graphs import per_call_us
 from foxhunt.train.agents import c51_triton as ct
+from foxhunt.train.agents.dqn import centred
 
 B, H, A, N = 8192, 128, 30, 51
-
-
-def centred(w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The advantage layer's weights and bias less their mean over the actions (QNet._out)."""
-    wa, ba = w.view(A, N, -1), b.view(A, N)
-    return wa - wa.mean(0, keepdim=True), ba - ba.mean(0, keepdim=True)
 
 
 def main() -> None:
@@ -70,7 +65,7 @@ def main() -> None:
     def outputs():
         parts = []
         for k in nets:
-            wc, bc = centred(W[k], bias[k])
+            wc, bc = centred(W[k], bias[k], A)
             wc = F.pad(wc.reshape(A * N, H), (0, 0, 0, 6)).to(torch.bfloat16)
             y = F.linear(head[k][:, H:], wc, F.pad(bc.reshape(-1), (0, 6)).to(torch.bfloat16))
             parts.append((value[k][:, None, :N], y[:, : A * N].view(B, A, N)))
@@ -79,7 +74,7 @@ def main() -> None:
     def hidden():
         parts = []
         for k in nets:
-            wc, bc = (t.to(torch.bfloat16) for t in centred(W[k], bias[k]))
+            wc, bc = (t.to(torch.bfloat16) for t in centred(W[k], bias[k], A))
             parts.append((value[k][:, None, :N], head[k][:, H:], wc.view(A * N, H), bc.view(-1)))
         return ct.next_target(parts[0], parts[1], R, disc, z)
 

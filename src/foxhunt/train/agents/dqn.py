@@ -365,6 +365,14 @@ def auto_compile_mode(cfg: DQNConfig, device: torch.device) -> str:
 
 
 # ---------------------------------------------------------------------------------- network
+def centred(w: torch.Tensor, b: torch.Tensor, n_actions: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An advantage layer's weights [A out, in] and bias [A out] less their mean over the A
+    actions: the layer's outputs less their dueling mean, as one product (`QNet._out`)."""
+    wa, ba = w.view(n_actions, -1, w.shape[1]), b.view(n_actions, -1)
+    wc, bc = wa - wa.mean(0, keepdim=True), ba - ba.mean(0, keepdim=True)
+    return wc.view_as(w), bc.view_as(b)
+
+
 @torch.no_grad()
 def factorise_(e: torch.Tensor) -> None:
     """f(e) = sign(e) sqrt|e| in place (factorised Gaussian noise), four kernels."""
@@ -590,17 +598,11 @@ class QNet(nn.Module):
         if not (pad or center):
             return F.linear(x, w, b) if isinstance(layer, NoisyLinear) else layer(x)
         if center:
-            w, b = self._centred(w, b)
+            w, b = centred(w, b, self.n_act)
         if not pad:
             return F.linear(x, w, b)
         y = F.linear(x, F.pad(w, (0, 0, 0, pad)), F.pad(b, (0, pad)))
         return y[:, : layer.out_features] if sliced else y
-
-    def _centred(self, w: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The advantage layer's weights and bias less their mean over the actions (`_out`)."""
-        wa, ba = w.view(self.n_act, self.out, -1), b.view(self.n_act, self.out)
-        wc, bc = wa - wa.mean(0, keepdim=True), ba - ba.mean(0, keepdim=True)
-        return wc.view_as(w), bc.view_as(b)
 
     def forward(
         self,
@@ -642,7 +644,8 @@ class QNet(nn.Module):
         if parts == "hidden" and self.adv_in_target and folded and not self.iqn:
             # In the hidden layer's dtype, as autocast casts them for the product: the cast
             # fused with the centring, where the forward runs (a side stream: _streamed_loss).
-            return v, ha, *(t.to(ha.dtype) for t in self._centred(*self._weights(self.adv, noise)))
+            wc, bc = centred(*self._weights(self.adv, noise), self.n_act)
+            return v, ha, wc.to(ha.dtype), bc.to(ha.dtype)
         if act is not None and folded and not self.iqn:
             # The taken action's outputs, read from the (padded) advantage output in place.
             cols = act * self.out + torch.arange(self.out, device=act.device)  # [R, out]
