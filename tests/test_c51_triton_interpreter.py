@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from foxhunt.train.agents import c51_triton as ct, dqn
 
 torch.manual_seed(0)
-cfg = dqn.DQNConfig(hidden=(64, 32), head_hidden=32, noisy=True, dense_inputs=True)
+cfg = dqn.DQNConfig(hidden=(64, 32), head_hidden={head_hidden}, atoms={atoms}, noisy=True,
+                    dense_inputs=True)
 nets = [dqn.QNet(cfg, align=8, fold_mean=True, noisy_weights=True, fused_relu=True)
         for _ in range(2)]
 for net in nets:
@@ -59,24 +60,31 @@ def rounded(v, h, w, b):
     a = trunc(F.linear(h, w) + b).view(B, -1, N)
     return trunc(v + a)
 want, want_clip = dqn.c51_next_target(*(rounded(*p) for p in bf), R, disc, z)
-p = torch.zeros(B, 64)
 o, t = bf
+BH, BN = max(16, 1 << (o[1].shape[1] - 1).bit_length()), 1 << (N - 1).bit_length()
+p = torch.zeros(B, BN)
 ct._choice_kernel[(2,)](o[0], o[1], o[2], o[3], t[0], t[1], t[2], t[3], z, p, B,
                         o[2].shape[0] // N, N, o[1].shape[1], o[0].stride(0), o[0].stride(2),
                         o[1].stride(0), t[0].stride(0), t[0].stride(2), t[1].stride(0),
-                        BM=64, BLOCK_H=32, BLOCK_N=64, ROUND=True)
+                        BM=64, BLOCK_H=BH, BLOCK_N=BN, ROUND=True)
 got, clip = torch.zeros(B, 1, N), torch.zeros(B, 1)
-ct._projection_kernel[(B,)](p, R, disc.reshape(-1), z, got, clip, N, BLOCK_N=64)
+ct._projection_kernel[(B,)](p, R, disc.reshape(-1), z, got, clip, N, BLOCK_N=BN)
 torch.testing.assert_close(got, want, rtol=0, atol=1e-6, msg="rounded")
 torch.testing.assert_close(clip, want_clip, rtol=0, atol=1e-6, msg="rounded")
 print("ok")
 """
 
 
-def test_c51_kernels_in_the_interpreter_give_the_torch_target():
+@pytest.mark.parametrize(
+    "head_hidden, atoms", [(32, 51), (48, 21)], ids=["default-widths", "masked-widths"]
+)
+def test_c51_kernels_in_the_interpreter_give_the_torch_target(head_hidden, atoms):
+    """The second case leaves part of each block masked: a hidden width (48) below its block
+    (64) and atoms (21) below theirs (32)."""
     root = Path(__file__).resolve().parents[1]
     path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
     env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    p = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True,
+    check = CHECK.replace("{head_hidden}", str(head_hidden)).replace("{atoms}", str(atoms))
+    p = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
                        timeout=600)  # fmt: skip
     assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
