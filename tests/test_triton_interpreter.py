@@ -1,12 +1,18 @@
-"""C51's Triton kernels (foxhunt.train.agents.c51_triton) on the CPU, in Triton's interpreter
-(`TRITON_INTERPRET=1`, a fresh process: the flag is read as the kernels are defined), against
-`dqn.c51_next_target` in float32: the one-kernel target given the dueling streams, and the
-choice and projection given the advantage hidden layers (dqn.ADV_IN_TARGET) from the GPU's
-network form. Skipped where Triton is not installed (torch's CPU builds ship without it: CI);
-`pip install --target DIR triton` and PYTHONPATH=DIR run it. The interpreter rounds bf16 by
+"""foxhunt's Triton kernels on the CPU, in Triton's interpreter (`TRITON_INTERPRET=1`, a fresh
+process each check: the flag is read as the kernels are defined). Skipped where Triton is not
+installed (torch's CPU builds ship without it: CI); `pip install --target DIR triton` and
+PYTHONPATH=DIR run them. Their GPU tests (`-m gpu`) run them compiled.
+
+C51's kernels (foxhunt.train.agents.c51_triton) against `dqn.c51_next_target` in float32: the
+one-kernel target given the dueling streams, and the choice and projection given the advantage
+hidden layers (dqn.ADV_IN_TARGET) from the GPU's network form. The interpreter rounds bf16 by
 truncation and its bf16 `tl.dot` is wrong (triton 3.9), so bf16 is checked on a GPU
 (tests/test_train_gpu.py); here the kernels' rounding path runs on bf16 values held in float32
-against a reference that truncates as the interpreter does."""
+against a reference that truncates as the interpreter does.
+
+The replay's prefix scans (foxhunt.train.scan's three kernels) against torch's sequential ones,
+at small rows so that sizes cross a row and a block of rows' totals, as their GPU test does
+(tests/test_scan.py)."""
 
 from __future__ import annotations
 
@@ -75,16 +81,45 @@ print("ok")
 """
 
 
+SCAN = """
+import torch
+from foxhunt.train import scan
+
+scan.ROW = {row}
+g = torch.Generator().manual_seed({row})
+r = scan.ROW
+for n in (1, r - 1, r, r + 1, r * r, r * r + 1, 3 * r * r + 5):  # a row, a block of totals
+    ints = torch.randint(-1000, 1000, (n,), generator=g).double()  # sums exact in any order
+    assert torch.equal(scan._scan(ints, prod=False), torch.cumsum(ints, 0)), n
+    x = 1.0 + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
+    got = scan._scan(x, prod=True)
+    assert got.dtype == torch.float64, got.dtype
+    assert torch.allclose(got, torch.cumprod(x, 0), rtol=1e-12, atol=0), n
+    f = torch.rand(n, generator=g)
+    assert torch.allclose(scan._scan(f, prod=False), torch.cumsum(f, 0), rtol=1e-5), n
+print("ok")
+"""
+
+
+def interpreted(code: str) -> None:
+    """Run `code` in a fresh Python with Triton's interpreter on; it prints "ok" at its end."""
+    root = Path(__file__).resolve().parents[1]
+    path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
+    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)  # fmt: skip
+    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+
+
 @pytest.mark.parametrize(
     "head_hidden, atoms", [(32, 51), (48, 21)], ids=["default-widths", "masked-widths"]
 )
 def test_c51_kernels_in_the_interpreter_give_the_torch_target(head_hidden, atoms):
     """The second case leaves part of each block masked: a hidden width (48) below its block
     (64) and atoms (21) below theirs (32)."""
-    root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
-    env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
-    check = CHECK.replace("{head_hidden}", str(head_hidden)).replace("{atoms}", str(atoms))
-    p = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True, text=True,
-                       timeout=600)  # fmt: skip
-    assert p.returncode == 0 and p.stdout.strip().endswith("ok"), p.stderr[-3000:]
+    interpreted(CHECK.replace("{head_hidden}", str(head_hidden)).replace("{atoms}", str(atoms)))
+
+
+@pytest.mark.parametrize("row", [8, 16])
+def test_the_scan_kernels_in_the_interpreter_give_the_sequential_scans(row):
+    interpreted(SCAN.replace("{row}", str(row)))
