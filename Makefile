@@ -101,6 +101,11 @@ test: setup ## Run the test suite (no GPU needed), TEST_WORKERS processes side b
 	TMPDIR=$$tmp $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal --durations=15; \
 	rc=$$?; rm -rf $$tmp; exit $$rc
 
+TRITON ?= triton==3.9.0
+test-kernels: setup ## foxhunt's Triton kernels in Triton's interpreter on the CPU (installs Triton 3.9, ~1 GB, into .triton/)
+	@test -d .triton/triton || $(BIN)/python -m pip install -q --target .triton --no-deps "$(TRITON)"
+	PYTHONPATH=.triton $(BIN)/python -m pytest -q tests/test_triton_interpreter.py
+
 lint: setup ## Check format and lint with ruff
 	$(BIN)/ruff format --check src tests bench components pipelines images infra
 	$(BIN)/ruff check src tests bench components pipelines images infra
@@ -121,6 +126,6 @@ features-doc: setup ## Regenerate the feature table in docs/features.md from the
 	$(BIN)/python -c "from foxhunt.precompute.features import write_docs; write_docs()"
 
 clean: ## Remove the virtual environment, build outputs and demo data
-	rm -rf $(VENV) build $(DATA)
+	rm -rf $(VENV) .triton build $(DATA)
 
-.PHONY: help setup synth ingest precompute folds run compile submit images images-local deploy-infra deploy-volumes lock ui test lint format bench bench-gpu features-doc clean
+.PHONY: help setup synth ingest precompute folds run compile submit images images-local deploy-infra deploy-volumes lock ui test test-kernels lint format bench bench-gpu features-doc clean

@@ -1,7 +1,7 @@
 """foxhunt's Triton kernels on the CPU, in Triton's interpreter (`TRITON_INTERPRET=1`, a fresh
 process each check: the flag is read as the kernels are defined). Skipped where Triton is not
-installed (torch's CPU builds ship without it: CI); `pip install --target DIR triton` and
-PYTHONPATH=DIR run them. Their GPU tests (`-m gpu`) run them compiled.
+installed (torch's CPU builds ship without it: CI); `make test-kernels` installs it into
+.triton/ and runs them. Their GPU tests (`-m gpu`) run them compiled.
 
 C51's kernels (foxhunt.train.agents.c51_triton) against `dqn.c51_next_target` in float32: the
 one-kernel target given the dueling streams, and the choice and projection given the advantage
