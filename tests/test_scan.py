@@ -48,16 +48,24 @@ def test_the_triton_scans_give_the_sequential_sums_and_products(row, monkeypatch
     with the CPU's in float64, and float32 sums in float32."""
     assert scan._has_triton()
     monkeypatch.setattr(scan, "ROW", row)
+    check_row_scans(lambda x, prod: (scan.cumprod if prod else scan.cumsum)(x.cuda()).cpu(), row)
+
+
+def check_row_scans(run, row: int) -> None:
+    """`run(x, prod)` (a scan of the CPU tensor x, returned on the CPU) against torch's
+    sequential scans, at sizes around a row and a block of rows' totals: the Triton scans'
+    check, compiled on a GPU (above) and in Triton's interpreter
+    (tests/test_triton_interpreter.py)."""
     g = torch.Generator().manual_seed(row)
     for n in (1, row - 1, row, row + 1, row * row, row * row + 1, 3 * row * row + 5):
         ints = torch.randint(-1000, 1000, (n,), generator=g).double()
-        assert torch.equal(scan.cumsum(ints.cuda()).cpu(), torch.cumsum(ints, 0)), n
+        assert torch.equal(run(ints, False), torch.cumsum(ints, 0)), n
         x = 1.0 + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
-        got = scan.cumprod(x.cuda())
+        got = run(x, True)
         assert got.dtype == torch.float64 and got.shape == (n,)
-        assert torch.allclose(got.cpu(), torch.cumprod(x, 0), rtol=1e-12, atol=0), n
+        assert torch.allclose(got, torch.cumprod(x, 0), rtol=1e-12, atol=0), n
         f = torch.rand(n, generator=g)
-        assert torch.allclose(scan.cumsum(f.cuda()).cpu(), torch.cumsum(f, 0), rtol=1e-5), n
+        assert torch.allclose(run(f, False), torch.cumsum(f, 0), rtol=1e-5), n
 
 
 @pytest.mark.gpu

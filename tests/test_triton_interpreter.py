@@ -10,9 +10,9 @@ truncation and its bf16 `tl.dot` is wrong (triton 3.9), so bf16 is checked on a 
 (tests/test_train_gpu.py); here the kernels' rounding path runs on bf16 values held in float32
 against a reference that truncates as the interpreter does.
 
-The replay's prefix scans (foxhunt.train.scan's three kernels) against torch's sequential ones,
-at small rows so that sizes cross a row and a block of rows' totals, as their GPU test does
-(tests/test_scan.py)."""
+The replay's prefix scans (foxhunt.train.scan's three kernels) against torch's sequential ones
+by their GPU test's check (tests/test_scan.py), at small rows so that the sizes cross a row and
+a block of rows' totals."""
 
 from __future__ import annotations
 
@@ -82,21 +82,11 @@ print("ok")
 
 
 SCAN = """
-import torch
 from foxhunt.train import scan
+from test_scan import check_row_scans
 
 scan.ROW = {row}
-g = torch.Generator().manual_seed({row})
-r = scan.ROW
-for n in (1, r - 1, r, r + 1, r * r, r * r + 1, 3 * r * r + 5):  # a row, a block of totals
-    ints = torch.randint(-1000, 1000, (n,), generator=g).double()  # sums exact in any order
-    assert torch.equal(scan._scan(ints, prod=False), torch.cumsum(ints, 0)), n
-    x = 1.0 + 1e-3 * torch.randn(n, generator=g, dtype=torch.float64)
-    got = scan._scan(x, prod=True)
-    assert got.dtype == torch.float64, got.dtype
-    assert torch.allclose(got, torch.cumprod(x, 0), rtol=1e-12, atol=0), n
-    f = torch.rand(n, generator=g)
-    assert torch.allclose(scan._scan(f, prod=False), torch.cumsum(f, 0), rtol=1e-5), n
+check_row_scans(lambda x, prod: scan._scan(x, prod), scan.ROW)
 print("ok")
 """
 
@@ -104,7 +94,8 @@ print("ok")
 def interpreted(code: str) -> None:
     """Run `code` in a fresh Python with Triton's interpreter on; it prints "ok" at its end."""
     root = Path(__file__).resolve().parents[1]
-    path = os.pathsep.join(p for p in (str(root / "src"), os.environ.get("PYTHONPATH")) if p)
+    dirs = (str(root / "src"), str(root / "tests"), os.environ.get("PYTHONPATH"))  # test helpers
+    path = os.pathsep.join(p for p in dirs if p)
     env = os.environ | {"TRITON_INTERPRET": "1", "PYTHONPATH": path}
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)  # fmt: skip
