@@ -103,7 +103,9 @@ test: setup ## Run the test suite (no GPU needed), TEST_WORKERS processes side b
 
 TRITON ?= triton==3.9.0
 test-kernels: setup ## foxhunt's Triton kernels in Triton's interpreter on the CPU (installs Triton 3.9, ~1 GB, into .triton/)
-	@test -d .triton/triton || $(BIN)/python -m pip install -q --target .triton --no-deps "$(TRITON)"
+	@test -f ".triton/.installed-$(TRITON)" || { rm -rf .triton && \
+	  $(BIN)/python -m pip install -q --target .triton --no-deps "$(TRITON)" && \
+	  touch ".triton/.installed-$(TRITON)"; }
 	PYTHONPATH=.triton $(BIN)/python -m pytest -q tests/test_triton_interpreter.py
 
 lint: setup ## Check format and lint with ruff
